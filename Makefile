@@ -1,0 +1,77 @@
+# tidegate — run `make help` for the list of targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+VAR     := var
+STAMP   := $(VAR)/stamps
+
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help setup up down status test test-unit test-integration lint fmt typecheck demo bench clean
+
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/system ## Install system packages, the venv and the Kafka jars.
+
+$(STAMP)/system: infra/install-system.sh
+	@mkdir -p $(STAMP)
+	bash infra/install-system.sh
+	@touch $@
+
+$(STAMP)/venv: pyproject.toml
+	@mkdir -p $(STAMP)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	@touch $@
+
+$(STAMP)/kafka: infra/kafka/pom.xml
+	@mkdir -p $(STAMP) $(VAR)/kafka/lib
+	rm -f $(VAR)/kafka/lib/*.jar
+	mvn -q -B -f infra/kafka/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(VAR)/kafka/lib -DincludeScope=runtime
+	@touch $@
+
+up: setup ## Start Kafka, the schema registry, PostgreSQL and Redis (idempotent).
+	bash infra/stack.sh up
+
+down: ## Stop everything `make up` started (by PID file).
+	bash infra/stack.sh down
+
+status: ## Show each server and each topic of the local stack.
+	bash infra/stack.sh status
+
+test: up ## Run the whole suite (unit, integration, e2e) against the real stack.
+	$(BIN)/pytest tests/unit tests/integration tests/e2e
+
+test-unit: setup ## Run the unit tests only (no servers needed).
+	$(BIN)/pytest tests/unit
+
+test-integration: up ## Run the integration tests against the real stack.
+	$(BIN)/pytest tests/integration
+
+lint: setup ## ruff (lint and format check) and mypy, exactly as pre-commit runs them.
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: setup ## Format the code with ruff.
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: setup ## mypy only.
+	$(BIN)/mypy
+
+demo: up ## Set up, start the stack, register the schemas and round-trip a request through Kafka.
+	$(BIN)/tidegate schemas register
+	$(BIN)/python -m tidegate.demo
+
+bench: up ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
+	$(BIN)/python -m tidegate.bench
+
+clean: down ## Stop the stack and delete var/ (data, logs, jars).
+	rm -rf $(VAR)
