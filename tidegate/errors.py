@@ -1,9 +1,9 @@
 """The one error tree of tidegate.
 
-Every error is a `TidegateError` and says whether retrying can help (`retriable`). Dead-letter routing
-goes by that flag: retriable errors go to the retry path, fatal ones to the dead-letter queue or, for
-undecodable bytes, to the poison-pill quarantine. HTTP status codes are chosen only by HTTP adapters
-(`gateway/`); domain code never names one.
+Every error is a `TidegateError` and says whether retrying can help (`retriable`). Dead-letter
+routing goes by that flag: retriable errors go to the retry path, fatal ones to the dead-letter
+queue or, for undecodable bytes, to the poison-pill quarantine. HTTP status codes are chosen only
+by HTTP adapters (`gateway/`); domain code never names one.
 """
 
 from __future__ import annotations
@@ -11,26 +11,26 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
-    "TidegateError",
-    "RetriableError",
-    "FatalError",
     "ConfigurationError",
-    "StackError",
-    "SerializationError",
-    "WireFormatError",
-    "UnknownSchemaError",
-    "SchemaMismatchError",
-    "SchemaRegistryError",
-    "SubjectNotFoundError",
-    "VersionNotFoundError",
-    "SchemaNotFoundError",
-    "SubjectSoftDeletedError",
-    "SchemaVersionSoftDeletedError",
+    "FatalError",
     "IncompatibleSchemaError",
+    "InvalidCompatibilityLevelError",
     "InvalidSchemaError",
     "InvalidVersionError",
-    "InvalidCompatibilityLevelError",
     "RegistryUnavailableError",
+    "RetriableError",
+    "SchemaMismatchError",
+    "SchemaNotFoundError",
+    "SchemaRegistryError",
+    "SchemaVersionSoftDeletedError",
+    "SerializationError",
+    "StackError",
+    "SubjectNotFoundError",
+    "SubjectSoftDeletedError",
+    "TidegateError",
+    "UnknownSchemaError",
+    "VersionNotFoundError",
+    "WireFormatError",
 ]
 
 

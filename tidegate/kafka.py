@@ -1,8 +1,8 @@
 """The Kafka client factory: librdkafka config dicts derived from `KafkaSettings`.
 
-Like quixstreams' `ConnectionConfig`, the connection part is derived once from the settings and every
-client adds only its role's options. Defaults lean to safety: idempotent producers with acks=all,
-consumers that never auto-commit.
+Like quixstreams' `ConnectionConfig`, the connection part is derived once from the settings and
+every client adds only its role's options. Defaults lean to safety: idempotent producers with
+acks=all, consumers that never auto-commit.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from confluent_kafka.admin import AdminClient
 from tidegate.settings import KafkaSettings
 
 __all__ = [
-    "connection_config",
-    "producer_config",
-    "consumer_config",
     "admin_config",
-    "make_producer",
-    "make_consumer",
+    "connection_config",
+    "consumer_config",
     "make_admin",
+    "make_consumer",
+    "make_producer",
+    "producer_config",
 ]
 
 
@@ -96,4 +96,3 @@ def make_consumer(
 
 def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) -> AdminClient:
     return AdminClient(admin_config(settings, extra))
-

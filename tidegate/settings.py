@@ -1,8 +1,8 @@
 """Settings, one pydantic-settings class per component, each with its own env prefix.
 
-Every field is documented, secrets are `SecretStr`, and unknown fields are refused (`extra="forbid"`).
-librdkafka configuration dicts are derived from these classes in `tidegate.kafka`; nobody writes
-them by hand.
+Every field is documented, secrets are `SecretStr`, and unknown fields are refused
+(`extra="forbid"`). librdkafka configuration dicts are derived from these classes in
+`tidegate.kafka`; nobody writes them by hand.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
+    "COMPATIBILITY_LEVELS",
+    "CompatibilityLevel",
     "KafkaSettings",
-    "TopicSettings",
-    "SchemaRegistrySettings",
-    "RegistryServerSettings",
     "PostgresSettings",
     "RedisSettings",
+    "RegistryServerSettings",
+    "SchemaRegistrySettings",
     "TelemetrySettings",
-    "CompatibilityLevel",
-    "COMPATIBILITY_LEVELS",
+    "TopicSettings",
 ]
 
 CompatibilityLevel = Literal[

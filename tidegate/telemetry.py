@@ -1,7 +1,7 @@
 """Logging set-up shared by every tidegate process.
 
-Metrics use prometheus-client's default registry; each component declares its own metrics next to the
-code they measure.
+Metrics use prometheus-client's default registry; each component declares its own metrics next to
+the code they measure.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ def configure_logging(settings: TelemetrySettings | None = None) -> None:
     if settings.log_json:
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-        )
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)

@@ -1,0 +1,126 @@
+"""Registering the project's schemas with any Confluent-compatible registry.
+
+Compatibility is checked first with the registry's verbose compatibility endpoint, so a refusal
+names the field at fault instead of surfacing a bare 409.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote
+
+import httpx
+
+from schemas.catalog import SCHEMA_DIR, load_schema
+from tidegate.errors import IncompatibleSchemaError, InvalidSchemaError, RegistryUnavailableError
+from tidegate.settings import SchemaRegistrySettings
+
+__all__ = ["Outcome", "RegistryHttp", "register_all"]
+
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    subject: str
+    fullname: str
+    schema_id: int
+    version: int
+    action: Literal["registered", "unchanged"]
+
+
+class RegistryHttp:
+    """The few registry calls whose full answers confluent-kafka's client does not return to us."""
+
+    def __init__(self, settings: SchemaRegistrySettings) -> None:
+        auth = None
+        if settings.basic_auth_user and settings.basic_auth_password:
+            auth = (settings.basic_auth_user, settings.basic_auth_password.get_secret_value())
+        self._http = httpx.Client(
+            base_url=settings.url,
+            auth=auth,
+            timeout=settings.timeout_s,
+            headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE},
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RegistryHttp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def lookup(self, subject: str, text: str) -> tuple[int, int] | None:
+        """(id, version) when `text` is already registered under `subject`."""
+        resp = self._post(f"/subjects/{quote(subject, safe='')}", text)
+        if resp.status_code == 404:
+            return None
+        body = self._json(resp)
+        return int(body["id"]), int(body["version"])
+
+    def incompatibilities(self, subject: str, text: str) -> list[str]:
+        """Why `text` breaks the subject's compatibility level; empty when it does not."""
+        path = f"/compatibility/subjects/{quote(subject, safe='')}/versions?verbose=true"
+        resp = self._post(path, text)
+        if resp.status_code == 404:  # no such subject yet: nothing to be compatible with
+            return []
+        body = self._json(resp)
+        if body.get("is_compatible", False):
+            return []
+        return [str(m) for m in body.get("messages", [])] or ["incompatible (no details given)"]
+
+    def register(self, subject: str, text: str) -> int:
+        resp = self._post(f"/subjects/{quote(subject, safe='')}/versions", text)
+        return int(self._json(resp)["id"])
+
+    def _post(self, path: str, text: str) -> httpx.Response:
+        try:
+            return self._http.post(path, json={"schema": text, "schemaType": "AVRO"})
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailableError(f"schema registry unreachable: {exc}") from exc
+
+    @staticmethod
+    def _json(resp: httpx.Response) -> dict[str, Any]:
+        body = resp.json() if resp.content else {}
+        if resp.is_success:
+            return dict(body)
+        message = str(body.get("message", resp.text))
+        code = int(body.get("error_code", resp.status_code))
+        if code == IncompatibleSchemaError.error_code:
+            raise IncompatibleSchemaError(message, [message])
+        if code == InvalidSchemaError.error_code:
+            raise InvalidSchemaError(message)
+        raise RegistryUnavailableError(f"registry answered {resp.status_code}: {message}")
+
+
+def register_all(
+    registry: RegistryHttp,
+    subjects: dict[str, str],
+    *,
+    directory: Path = SCHEMA_DIR,
+    dry_run: bool = False,
+) -> Iterable[Outcome]:
+    """Register each subject's schema, refusing the first incompatible one with its reasons."""
+    for subject, fullname in subjects.items():
+        schema = load_schema(fullname, directory)
+        existing = registry.lookup(subject, schema.text)
+        if existing is not None:
+            yield Outcome(subject, fullname, existing[0], existing[1], "unchanged")
+            continue
+        problems = registry.incompatibilities(subject, schema.text)
+        if problems:
+            raise IncompatibleSchemaError(
+                f"{fullname} is incompatible with what {subject} already holds", problems
+            )
+        if dry_run:
+            yield Outcome(subject, fullname, -1, -1, "registered")
+            continue
+        schema_id = registry.register(subject, schema.text)
+        found = registry.lookup(subject, schema.text)
+        version = found[1] if found else -1
+        yield Outcome(subject, fullname, schema_id, version, "registered")
