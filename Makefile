@@ -68,10 +68,10 @@ typecheck: setup ## mypy only.
 
 demo: up ## Set up, start the stack, register the schemas and round-trip a request through Kafka.
 	$(BIN)/tidegate schemas register
-	$(BIN)/python -m tidegate.demo
+	$(BIN)/tidegate demo
 
 bench: up ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
-	$(BIN)/python -m tidegate.bench
+	$(BIN)/python -m tests.bench
 
 clean: down ## Stop the stack and delete var/ (data, logs, jars).
 	rm -rf $(VAR)

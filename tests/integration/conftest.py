@@ -1,13 +1,17 @@
 """Integration tests run against the real local stack started by `make up`.
 
-They fail (not skip) when the stack is down: a green run must mean the servers were really exercised.
+They fail (not skip) when the stack is down: a green run must mean the servers were really
+exercised.
 """
 
 from __future__ import annotations
 
-import pytest
-from confluent_kafka.admin import AdminClient
+from collections.abc import Callable, Iterator
 
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from tests.support import unique
 from tidegate.kafka import make_admin
 from tidegate.settings import KafkaSettings, SchemaRegistrySettings
 
@@ -34,3 +38,22 @@ def admin(kafka_settings: KafkaSettings) -> AdminClient:
     brokers = client.list_topics(timeout=15).brokers
     assert brokers, "no Kafka broker answered: run `make up` first"
     return client
+
+
+@pytest.fixture
+def new_topic(admin: AdminClient) -> Iterator[Callable[..., str]]:
+    """Create uniquely named topics for one test and delete them afterwards."""
+    created: list[str] = []
+
+    def create(prefix: str, partitions: int = 1) -> str:
+        name = unique(prefix)
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
+            name
+        ].result(timeout=30)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in admin.delete_topics(created).values():
+            future.result(timeout=30)

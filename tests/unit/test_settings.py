@@ -43,7 +43,7 @@ def test_sasl_needs_credentials() -> None:
         security_protocol="SASL_SSL",
         sasl_mechanism="PLAIN",
         sasl_username="u",
-        sasl_password="hunter2-secret",  # type: ignore[arg-type]
+        sasl_password="hunter2-secret",
     )
     conf = producer_config(ok)
     assert conf["sasl.password"] == "hunter2-secret"
@@ -81,7 +81,7 @@ def test_invalid_values_are_refused(cls: type, kwargs: dict[str, object]) -> Non
 def test_registry_client_config_carries_basic_auth() -> None:
     conf = SchemaRegistrySettings(
         basic_auth_user="u",
-        basic_auth_password="s3cret",  # type: ignore[arg-type]
+        basic_auth_password="s3cret",
     ).client_config()
     assert conf["basic.auth.user.info"] == "u:s3cret"
 

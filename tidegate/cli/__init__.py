@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tidegate.cli import registry, schemas, stack
+from tidegate.cli import demo, registry, schemas, stack
 
 __all__ = ["app", "main"]
 
@@ -19,6 +19,7 @@ app.command("registry", help="Run the Confluent-compatible schema registry servi
     registry.serve
 )
 app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
+app.command("demo", help="Round-trip requests through Kafka and the registry.")(demo.demo)
 app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
 
 

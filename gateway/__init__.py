@@ -1,0 +1,3 @@
+"""HTTP adapters of tidegate."""
+
+__all__: list[str] = []

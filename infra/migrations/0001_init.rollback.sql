@@ -1,0 +1,2 @@
+-- Rolls back 0001_init.sql.
+DROP TABLE tidegate_meta;

@@ -1,0 +1,34 @@
+"""tidegate's embedded schema registry: Confluent Schema Registry semantics over a compacted topic.
+
+`SchemaRegistry` holds the operations; it reads and writes state through a `SchemaLog`:
+`KafkaLog` in production (the `_schemas` topic, in Confluent's record format) or `MemoryLog` in
+tests. `check_compatibility` is the pure compatibility check behind registration. The HTTP adapter
+is `gateway.registry_api`.
+"""
+
+from __future__ import annotations
+
+from schemas.registry.compat import check_compatibility
+from schemas.registry.errors import (
+    BadRequestError,
+    CompatibilityNotConfiguredError,
+    SchemaVersionNotSoftDeletedError,
+    SubjectNotSoftDeletedError,
+)
+from schemas.registry.log import MemoryLog, SchemaLog
+from schemas.registry.parsing import SUPPORTED_SCHEMA_TYPES
+from schemas.registry.service import SchemaRegistry
+from schemas.registry.state import SchemaVersion
+
+__all__ = [
+    "SUPPORTED_SCHEMA_TYPES",
+    "BadRequestError",
+    "CompatibilityNotConfiguredError",
+    "MemoryLog",
+    "SchemaLog",
+    "SchemaRegistry",
+    "SchemaVersion",
+    "SchemaVersionNotSoftDeletedError",
+    "SubjectNotSoftDeletedError",
+    "check_compatibility",
+]
