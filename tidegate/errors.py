@@ -11,13 +11,23 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "ArtifactError",
+    "ArtifactIntegrityError",
     "ConfigurationError",
+    "DeadlineExceededError",
     "FatalError",
     "IncompatibleSchemaError",
+    "InferenceError",
     "InvalidCompatibilityLevelError",
+    "InvalidInputError",
     "InvalidSchemaError",
     "InvalidVersionError",
+    "ModelExecutionError",
+    "ModelNotFoundError",
+    "ModelUnavailableError",
+    "OverloadedError",
     "RegistryUnavailableError",
+    "ResultTimeoutError",
     "RetriableError",
     "SchemaMismatchError",
     "SchemaNotFoundError",
@@ -35,9 +45,13 @@ __all__ = [
 
 
 class TidegateError(Exception):
-    """Root of every error tidegate raises on purpose."""
+    """Root of every error tidegate raises on purpose.
+
+    `code` is the stable machine-readable name carried in result and dead-letter envelopes.
+    """
 
     retriable: ClassVar[bool] = False
+    code: ClassVar[str] = "INTERNAL"
 
 
 class RetriableError(TidegateError):
@@ -63,13 +77,19 @@ class StackError(FatalError):
 class SerializationError(FatalError):
     """Bytes could not be turned into a record (or back). Such messages are poison pills."""
 
+    code = "UNDECODABLE"
+
 
 class WireFormatError(SerializationError):
     """The bytes are not in the Confluent wire format: too short, or the magic byte is wrong."""
 
+    code = "WIRE_FORMAT"
+
 
 class UnknownSchemaError(SerializationError):
     """The wire format is right but the registry does not know the schema id."""
+
+    code = "UNKNOWN_SCHEMA"
 
     def __init__(self, schema_id: int, message: str | None = None) -> None:
         super().__init__(message or f"unknown schema id {schema_id}")
@@ -78,6 +98,8 @@ class UnknownSchemaError(SerializationError):
 
 class SchemaMismatchError(SerializationError):
     """The body does not match the writer schema, or the record does not match the schema."""
+
+    code = "SCHEMA_MISMATCH"
 
 
 class SchemaRegistryError(TidegateError):
@@ -136,3 +158,65 @@ class RegistryUnavailableError(SchemaRegistryError, RetriableError):
     """The registry could not be reached, or its backing store is not ready."""
 
     error_code = 50003
+
+
+class InferenceError(TidegateError):
+    """A request could not be served. Subclasses say why; the request gets a result that says so."""
+
+
+class ModelNotFoundError(InferenceError, FatalError):
+    """No such model, or no such version that may serve."""
+
+    code = "NOT_FOUND"
+
+
+class InvalidInputError(InferenceError, FatalError):
+    """The inputs do not match the model signature. `field` names the input at fault."""
+
+    code = "INVALID_INPUT"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class DeadlineExceededError(InferenceError, FatalError):
+    """The request's deadline passed before it was computed."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class ModelExecutionError(InferenceError, FatalError):
+    """The model itself failed on this input."""
+
+    code = "MODEL_ERROR"
+
+
+class ModelUnavailableError(InferenceError, RetriableError):
+    """The model cannot serve right now (loading, unloading, or its worker is gone)."""
+
+    code = "UNAVAILABLE"
+
+
+class OverloadedError(InferenceError, RetriableError):
+    """Load was shed at the edge rather than queued without bound."""
+
+    code = "OVERLOADED"
+
+
+class ResultTimeoutError(InferenceError, RetriableError):
+    """No result arrived in time; the request may still complete and be fetched later."""
+
+    code = "TIMEOUT"
+
+
+class ArtifactError(FatalError):
+    """A model artifact is missing, malformed or corrupted; it is never served."""
+
+    code = "ARTIFACT"
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """A file's sha256 does not match its manifest."""
+
+    code = "ARTIFACT_INTEGRITY"

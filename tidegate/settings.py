@@ -7,6 +7,9 @@ Every field is documented, secrets are `SecretStr`, and unknown fields are refus
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -15,13 +18,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = [
     "COMPATIBILITY_LEVELS",
     "CompatibilityLevel",
+    "GatewaySettings",
     "KafkaSettings",
+    "ModelSettings",
     "PostgresSettings",
     "RedisSettings",
     "RegistryServerSettings",
     "SchemaRegistrySettings",
     "TelemetrySettings",
     "TopicSettings",
+    "WorkerSettings",
 ]
 
 CompatibilityLevel = Literal[
@@ -86,6 +92,16 @@ class TopicSettings(BaseSettings):
 
     requests: str = Field("inference-requests", description="Topic producers publish requests to.")
     results: str = Field("inference-results", description="Topic workers publish results to.")
+    replies: str = Field(
+        "inference-replies",
+        description="Where workers also deliver results for gateway replicas, one partition each.",
+    )
+    reply_partitions: int = Field(
+        16, ge=1, le=10_000, description="Partitions of the replies topic: the most replicas."
+    )
+    reply_retention_ms: int = Field(
+        3600 * 1000, ge=-1, description="Retention of the replies topic."
+    )
     failed: str = Field(
         "inference-failed-requests", description="Dead-letter topic for requests that failed."
     )
@@ -216,3 +232,69 @@ class TelemetrySettings(BaseSettings):
         "INFO", description="Root log level."
     )
     log_json: bool = Field(False, description="Log one JSON object per line instead of text.")
+
+
+def _instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ModelSettings(BaseSettings):
+    """The artifact store and the model runtimes (env prefix `TIDEGATE_MODELS_`)."""
+
+    model_config = _config("TIDEGATE_MODELS_")
+
+    store_dir: Path = Field(Path("var/models"), description="Root of the local artifact store.")
+    serving_config: Path = Field(
+        Path("infra/serving.toml"),
+        description="Which version of each model serves, until the lifecycle replaces it.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto picks CUDA when present, the CPU otherwise."
+    )
+    intra_op_threads: int = Field(
+        1, ge=1, le=256, description="Threads inside one operator (onnxruntime and torch)."
+    )
+    inter_op_threads: int = Field(1, ge=1, le=256, description="Threads across operators.")
+
+
+class WorkerSettings(BaseSettings):
+    """Worker agents (env prefix `TIDEGATE_WORKER_`)."""
+
+    model_config = _config("TIDEGATE_WORKER_")
+
+    group_id: str = Field("tidegate-workers", description="Consumer group all workers share.")
+    worker_id: str = Field(default_factory=_instance_id, description="This worker's name.")
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Most requests in one batch.")
+    max_batch_delay_ms: float = Field(
+        5.0, ge=0, le=10_000, description="Longest wait for a batch to fill, in milliseconds."
+    )
+    metrics_port: int = Field(
+        9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: none)."
+    )
+    max_in_flight: int = Field(
+        2048, ge=1, description="Most consumed-but-unfinished requests before consuming pauses."
+    )
+
+
+class GatewaySettings(BaseSettings):
+    """The V2 HTTP facade (env prefix `TIDEGATE_GATEWAY_`)."""
+
+    model_config = _config("TIDEGATE_GATEWAY_")
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    replica_id: str = Field(default_factory=_instance_id, description="This replica's name.")
+    default_timeout_s: float = Field(
+        10.0, gt=0, description="How long a synchronous call waits for its result by default."
+    )
+    max_timeout_s: float = Field(120.0, gt=0, description="Longest timeout a caller may ask for.")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    max_in_flight: int = Field(
+        4096, ge=1, description="Requests awaiting results before new ones are shed with 503."
+    )
+    result_ttl_s: int = Field(3600, ge=1, description="How long results are kept in Redis.")
+    reply_lease_s: int = Field(
+        15, ge=2, description="Lease on this replica's reply partition, renewed at a third of it."
+    )

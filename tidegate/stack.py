@@ -85,6 +85,11 @@ def topic_specs(
     return [
         TopicSpec(topics.requests, topics.partitions, rf, _deleting(topics.retention_ms)),
         TopicSpec(topics.results, topics.partitions, rf, _deleting(topics.retention_ms)),
+        # Replies to gateway replicas: each replica owns one partition; results there are only
+        # a delivery path (the durable copy is in the results topic), so they expire quickly.
+        TopicSpec(
+            topics.replies, topics.reply_partitions, rf, _deleting(topics.reply_retention_ms)
+        ),
         TopicSpec(topics.failed, topics.dlq_partitions, rf, _deleting(topics.dlq_retention_ms)),
         TopicSpec(topics.poison, topics.dlq_partitions, rf, _deleting(topics.dlq_retention_ms)),
         # The lifecycle is event-sourced: its state is rebuilt by replaying the whole topic, so it

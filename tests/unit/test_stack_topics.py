@@ -32,6 +32,7 @@ def test_every_topic_of_the_settings_is_specified_once() -> None:
     assert set(names) == {
         topics.requests,
         topics.results,
+        topics.replies,
         topics.failed,
         topics.poison,
         topics.lifecycle,
@@ -46,6 +47,7 @@ def test_default_layout() -> None:
     assert specs["inference-results"].partitions == 32
     assert specs["inference-failed-requests"].partitions == 4
     assert specs["inference-poison-pill"].partitions == 4
+    assert specs["inference-replies"].partitions == 16
     assert all(s.replication_factor == 1 for s in specs.values())
     assert specs["inference-requests"].config == {
         "cleanup.policy": "delete",
