@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import fastavro
+import fastavro.schema
 import fastavro.validation
 from cachetools import LRUCache
 from confluent_kafka.schema_registry import (
@@ -127,15 +128,17 @@ class AvroDecoder(Deserializer):
     ) -> None:
         self._client = client
         self._reader = reader.parsed if reader is not None else None
-        self._writers: LRUCache[int, Any] = LRUCache(maxsize=cache_size)
+        self._reader_form = _canonical(self._reader) if reader is not None else None
+        # schema id -> (writer, reader to resolve with, or None when resolution is a no-op)
+        self._writers: LRUCache[int, tuple[Any, Any]] = LRUCache(maxsize=cache_size)
         self._lock = threading.Lock()
 
     def __call__(self, data: bytes | None, ctx: SerializationContext | None = None) -> Any:
         schema_id, body = unpack(data)
-        writer = self.writer_schema(schema_id)
+        writer, reader = self._schemas(schema_id)
         buf = io.BytesIO(body)
         try:
-            record = fastavro.schemaless_reader(buf, writer, self._reader)
+            record = fastavro.schemaless_reader(buf, writer, reader)
         except Exception as exc:  # truncated or garbled bodies surface as many exception types
             raise SchemaMismatchError(
                 f"body does not match writer schema {schema_id}: {type(exc).__name__}: {exc}"
@@ -149,10 +152,13 @@ class AvroDecoder(Deserializer):
 
     def writer_schema(self, schema_id: int) -> Any:
         """The parsed writer schema for an id, from the cache or the registry."""
+        return self._schemas(schema_id)[0]
+
+    def _schemas(self, schema_id: int) -> tuple[Any, Any]:
         with self._lock:
-            parsed = self._writers.get(schema_id)
-        if parsed is not None:
-            return parsed
+            cached = self._writers.get(schema_id)
+        if cached is not None:
+            return cached
         try:
             with _registry_errors():
                 registered = self._client.get_schema(schema_id)
@@ -162,10 +168,18 @@ class AvroDecoder(Deserializer):
             raise UnknownSchemaError(
                 schema_id, f"schema id {schema_id} is {registered.schema_type}, not AVRO"
             )
-        parsed = fastavro.parse_schema(json.loads(registered.schema_str or "null"))
+        writer = fastavro.parse_schema(json.loads(registered.schema_str or "null"))
+        # Resolving against an identical reader only costs time (3x on the hot path), so the
+        # reader is dropped when the writer has the same canonical form.
+        same = self._reader_form is not None and _canonical(writer) == self._reader_form
+        entry = (writer, None if same else self._reader)
         with self._lock:
-            self._writers[schema_id] = parsed
-        return parsed
+            self._writers[schema_id] = entry
+        return entry
+
+
+def _canonical(parsed: Any) -> str:
+    return str(fastavro.schema.to_parsing_canonical_form(parsed))
 
 
 @contextlib.contextmanager
