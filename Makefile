@@ -10,7 +10,7 @@ STAMP   := $(VAR)/stamps
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup up down status test test-unit test-integration lint fmt typecheck demo bench clean
+.PHONY: help setup up down status models test test-unit test-integration lint fmt typecheck demo bench clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,13 +39,17 @@ $(STAMP)/kafka: infra/kafka/pom.xml
 up: setup ## Start Kafka, the schema registry, PostgreSQL and Redis (idempotent).
 	bash infra/stack.sh up
 
-down: ## Stop everything `make up` started (by PID file).
+down: ## Stop what `make up` and `make demo DEMO_ARGS=--keep` started (by PID file).
+	-test -x $(BIN)/tidegate && $(BIN)/tidegate demo-stop
 	bash infra/stack.sh down
 
 status: ## Show each server and each topic of the local stack.
 	bash infra/stack.sh status
 
-test: up ## Run the whole suite (unit, integration, e2e) against the real stack.
+models: setup ## Build the example models (fraud v1/v2, fraud-lite, minilm) into var/models.
+	$(BIN)/tidegate models build
+
+test: up models ## Run the whole suite (unit, integration, e2e) against the real stack.
 	$(BIN)/pytest tests/unit tests/integration tests/e2e
 
 test-unit: setup ## Run the unit tests only (no servers needed).
@@ -66,11 +70,11 @@ fmt: setup ## Format the code with ruff.
 typecheck: setup ## mypy only.
 	$(BIN)/mypy
 
-demo: up ## Set up, start the stack, register the schemas and round-trip a request through Kafka.
+demo: up models ## Set up, start the stack, 2 workers and a gateway, and send traffic end to end.
 	$(BIN)/tidegate schemas register
-	$(BIN)/tidegate demo
+	$(BIN)/tidegate demo $(DEMO_ARGS)
 
-bench: up ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
+bench: up models ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
 	$(BIN)/python -m tests.bench
 
 clean: down ## Stop the stack and delete var/ (data, logs, jars).

@@ -7,6 +7,7 @@ same bytes pass through the HTTP binary extension and Kafka untouched.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -92,7 +93,7 @@ def to_numpy(tensor: dict[str, Any]) -> npt.NDArray[Any]:
     dtype = DATATYPES.get(datatype)
     if dtype is None:
         raise InvalidInputError(f"tensor {name!r} has unsupported datatype {datatype}", name)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     data: bytes = tensor["data"]
     if datatype == "BYTES":
         return decode_bytes_elements(data, count, name).reshape(shape)

@@ -58,6 +58,7 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
     return {
         f"{topics.requests}-value": INFERENCE_REQUEST,
         f"{topics.results}-value": INFERENCE_RESULT,
+        f"{topics.replies}-value": INFERENCE_RESULT,
         f"{topics.failed}-value": DEAD_LETTER_ENVELOPE,
         f"{topics.poison}-value": DEAD_LETTER_ENVELOPE,
         f"{topics.lifecycle}-value": MODEL_LIFECYCLE_EVENT,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["unique", "wait_for"]
+__all__ = ["free_port", "unique", "wait_for"]
 
 
 def unique(prefix: str) -> str:
@@ -37,3 +38,10 @@ def wait_for(
                 return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_error}")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now, on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

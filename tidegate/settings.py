@@ -274,6 +274,16 @@ class WorkerSettings(BaseSettings):
     max_in_flight: int = Field(
         2048, ge=1, description="Most consumed-but-unfinished requests before consuming pauses."
     )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="How soon the group notices a dead worker and moves its partitions.",
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long revoked partitions and shutdown may finish in-flight work.",
+    )
 
 
 class GatewaySettings(BaseSettings):

@@ -1,20 +1,28 @@
 """`make bench`: benchmarks run side by side in one process, reported as ratios.
 
-These machines are noisy, so each contender runs in alternating rounds and the best round counts;
-only ratios between contenders measured in the same run are meaningful.
+These machines are noisy, so contenders run in alternating rounds and the best round counts; only
+ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
+(or `relay`, `pipeline`) runs one part.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tests.bench.codec import run as run_codec
+from tests.bench import codec, faust_vs_confluent, pipeline
+
+PARTS = {
+    "codec": codec.run,
+    "relay": lambda: faust_vs_confluent.main([]),
+    "pipeline": pipeline.run,
+}
 
 
-def main() -> int:
-    run_codec()
+def main(argv: list[str]) -> int:
+    for name in argv or list(PARTS):
+        PARTS[name]()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -28,7 +28,7 @@ TIDEGATE = [sys.executable, "-m", "tidegate.cli"]
 
 def _env(prefix: str) -> dict[str, str]:
     env = dict(os.environ)
-    for key in ("REQUESTS", "RESULTS", "FAILED", "POISON", "LIFECYCLE"):
+    for key in ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE"):
         env[f"TIDEGATE_TOPICS_{key}"] = f"{prefix}-{key.lower()}"
     env["COLUMNS"] = "200"  # keep rich tables on one line per row
     return env
@@ -59,11 +59,11 @@ def test_register_then_refuse_incompatible_then_accept_compatible(tmp_path: Path
     env = _env(unique("it-reg"))
     first = _register(env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert first.stdout.count("registered") == 5
+    assert first.stdout.count("registered") == 6
 
     again = _register(env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("unchanged") == 5
+    assert again.stdout.count("unchanged") == 6
 
     def required_field(doc: dict[str, Any]) -> None:
         doc["fields"].append({"name": "priority_class", "type": "string"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tidegate.cli import demo, registry, schemas, stack
+from tidegate.cli import demo, gateway, models, produce, registry, schemas, stack, worker
 
 __all__ = ["app", "main"]
 
@@ -18,9 +18,16 @@ app = typer.Typer(
 app.command("registry", help="Run the Confluent-compatible schema registry service.")(
     registry.serve
 )
+app.command("worker", help="Run a worker agent: consume, micro-batch, infer, publish.")(
+    worker.worker
+)
+app.command("gateway", help="Serve the V2 HTTP facade.")(gateway.gateway)
+app.command("produce", help="Publish requests from a JSON Lines file.")(produce.produce)
+app.command("demo", help="Run the pipeline end to end on the local stack.")(demo.demo)
+app.command("demo-stop", help="Stop what `tidegate demo --keep` left running.")(demo.demo_stop)
 app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
-app.command("demo", help="Round-trip requests through Kafka and the registry.")(demo.demo)
 app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
+app.add_typer(models.app, name="models", help="Build and inspect model artifacts.")
 
 
 def main() -> None:

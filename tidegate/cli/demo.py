@@ -1,122 +1,178 @@
-"""`tidegate demo`: a round trip of Avro requests through the real Kafka and schema registry.
+"""`tidegate demo`: the pipeline end to end on the local stack.
 
-Until the worker agents exist (the inference-path issue), the demo proves the foundations: requests
-are encoded with the registered schema, published to `inference-requests` keyed by routing key,
-read back from the partitions they landed on, decoded and checked.
+It starts 2 workers and 1 gateway, sends `fraud` and `minilm` traffic both through the V2 HTTP
+gateway and straight into Kafka, prints a summary, and stops what it started unless `--keep`.
+`make demo` runs the set-up, the stack, the models and the schema registration before it.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import functools
 import uuid
-from datetime import UTC, datetime
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-__all__ = ["demo"]
+__all__ = ["demo", "demo_stop"]
+
+RUN_DIR = Path("var/demo")
+TEXTS = [
+    "A man is playing a guitar on stage.",
+    "Someone performs music with a guitar in front of an audience.",
+    "The stock market fell sharply on Monday.",
+    "Interest rates were raised by the central bank.",
+    "A cat sleeps on the warm windowsill.",
+    "The kitten naps in the sunshine by the window.",
+    "Fresh bread is baked every morning in the village.",
+    "Our train was delayed by heavy snow.",
+]
 
 
-def _request(i: int, run: str) -> dict[str, Any]:
-    import struct
+def _features(i: int) -> list[float]:
+    import numpy as np
 
-    features = [((i * 31 + j) % 97) / 97.0 for j in range(64)]
+    return [float(x) for x in np.random.default_rng(i).normal(size=64).astype("float32")]
+
+
+def fraud_record(i: int, run: str) -> dict[str, Any]:
+    import numpy as np
+
+    from agents.tensors import from_numpy
+
+    row = np.asarray([_features(i)], dtype=np.float32)
     return {
-        "request_id": f"{run}-{i}",
+        "request_id": f"{run}-fraud-{i}",
         "model": "fraud",
-        "tenant": "demo",
-        "routing_key": f"card-{i % 16}",
-        "inputs": [
-            {
-                "name": "features",
-                "datatype": "FP32",
-                "shape": [1, 64],
-                "data": struct.pack("<64f", *features),
-                "parameters": {},
-            }
-        ],
-        "created_at": datetime.now(UTC),
+        "routing_key": f"card-{i % 64}",
+        "inputs": [from_numpy("features", row)],
     }
 
 
-def _percentile(sorted_s: list[float], q: float) -> float:
-    if not sorted_s:
-        return float("nan")
-    return sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))] * 1000
+def minilm_record(i: int, run: str) -> dict[str, Any]:
+    import numpy as np
+
+    from agents.tensors import from_numpy
+
+    texts = np.asarray([TEXTS[i % len(TEXTS)].encode()], dtype=object)
+    return {
+        "request_id": f"{run}-minilm-{i}",
+        "model": "minilm",
+        "routing_key": f"doc-{i % 16}",
+        "inputs": [from_numpy("text", texts)],
+    }
+
+
+def _with_run(make: Callable[[int, str], dict[str, Any]], run: str, i: int) -> dict[str, Any]:
+    return make(i, run)
+
+
+def fraud_body(i: int) -> dict[str, Any]:
+    return {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 64],
+                        "data": _features(i)}]}  # fmt: skip
+
+
+def minilm_body(i: int) -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                        "data": [TEXTS[i % len(TEXTS)]]}]}  # fmt: skip
 
 
 def demo(
-    count: Annotated[int, typer.Option(min=1, max=100_000, help="Requests to send.")] = 500,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the round trip.")] = 60.0,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Leave workers and gateway running.")
+    ] = False,
+    scale: Annotated[float, typer.Option(min=0.05, max=20, help="Multiply traffic volume.")] = 1.0,
 ) -> None:
-    """Publish requests to `inference-requests`, read them back and print a summary."""
-    from confluent_kafka import TopicPartition
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-    from confluent_kafka.serialization import MessageField, SerializationContext
+    """Run the pipeline end to end and print throughput, latency, batch size and errors."""
     from rich.console import Console
-    from rich.progress import track
+    from rich.progress import Progress
     from rich.table import Table
 
-    from schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema
-    from tidegate.kafka import make_consumer, make_producer
-    from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+    from tidegate.loadgen import LoadResult, http_load, kafka_load
+    from tidegate.procs import spawn, stop_recorded, wait_http
+    from tidegate.settings import GatewaySettings
 
     console = Console()
-    kafka, topics = KafkaSettings(), TopicSettings()
-    registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
-    schema = load_schema(INFERENCE_REQUEST)
-    encoder, decoder = AvroEncoder(registry, schema), AvroDecoder(registry, schema)
-    ctx = SerializationContext(topics.requests, MessageField.VALUE)
-
-    consumer = make_consumer(kafka, f"tidegate-demo-{uuid.uuid4().hex[:8]}")
-    meta = consumer.list_topics(topics.requests, timeout=10).topics[topics.requests]
-    starts = [
-        TopicPartition(
-            topics.requests,
-            p,
-            consumer.get_watermark_offsets(TopicPartition(topics.requests, p), timeout=10)[1],
-        )
-        for p in meta.partitions
+    stop_recorded(RUN_DIR)
+    gw = GatewaySettings()
+    base = f"http://{gw.host}:{gw.port}"
+    children = [
+        spawn("worker-1", ["worker", "--worker-id", "demo-w1", "--metrics-port", "9101"], RUN_DIR),
+        spawn("worker-2", ["worker", "--worker-id", "demo-w2", "--metrics-port", "9102"], RUN_DIR),
+        spawn("gateway", ["gateway"], RUN_DIR),
     ]
-    consumer.assign(starts)
+    results: list[LoadResult] = []
+    try:
+        with console.status("starting 2 workers and 1 gateway, loading models"):
+            for child, port in zip(children[:2], (9101, 9102), strict=True):
+                wait_http(f"http://127.0.0.1:{port}/metrics", child, 120)
+            wait_http(f"{base}/v2/health/ready", children[2], 120)
+            for model in ("fraud", "minilm"):
+                wait_http(f"{base}/v2/models/{model}/ready", children[2], 120)
+        run = uuid.uuid4().hex[:8]
+        plan = [
+            ("HTTP", "fraud", 200.0, int(1000 * scale)),
+            ("Kafka", "fraud", 1000.0, int(2000 * scale)),
+            ("HTTP", "minilm", 20.0, int(60 * scale)),
+            ("Kafka", "minilm", 40.0, int(100 * scale)),
+        ]
+        with Progress(console=console) as progress:
+            for path, model, rate, count in plan:
+                task = progress.add_task(f"{path:<5} {model}", total=count)
 
-    run = uuid.uuid4().hex[:8]
-    producer = make_producer(kafka)
-    sent_at: dict[str, float] = {}
-    started = time.perf_counter()
-    for i in track(range(count), description="publishing", console=console):
-        record = _request(i, run)
-        sent_at[record["request_id"]] = time.perf_counter()
-        producer.produce(topics.requests, key=record["routing_key"], value=encoder(record, ctx))
-        producer.poll(0)
-    producer.flush(30)
-    publish_s = time.perf_counter() - started
+                def advance(n: int, task: Any = task) -> None:
+                    progress.advance(task, n)
 
-    latencies: list[float] = []
-    deadline = time.monotonic() + timeout
-    while len(latencies) < count and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None or msg.error():
-            continue
-        decoded = decoder(msg.value(), ctx)
-        if decoded["request_id"] in sent_at:
-            latencies.append(time.perf_counter() - sent_at.pop(decoded["request_id"]))
-    consumer.close()
+                label = f"{path} {model}"
+                if path == "HTTP":
+                    body = fraud_body if model == "fraud" else minilm_body
+                    url = f"{base}/v2/models/{model}/infer"
+                    results.append(
+                        asyncio.run(
+                            http_load(label, url, body, rate=rate, count=count, progress=advance)
+                        )
+                    )
+                else:
+                    make = fraud_record if model == "fraud" else minilm_record
+                    results.append(
+                        kafka_load(
+                            label,
+                            functools.partial(_with_run, make, run),
+                            rate=rate,
+                            count=count,
+                            progress=advance,
+                        )
+                    )
+    finally:
+        if not keep:
+            for child in children:
+                child.stop()
 
-    latencies.sort()
-    table = Table("requests", "published/s", "read back", "p50 ms", "p99 ms", "lost")
-    table.add_row(
-        str(count),
-        f"{count / publish_s:,.0f}",
-        str(len(latencies)),
-        f"{_percentile(latencies, 0.50):.1f}",
-        f"{_percentile(latencies, 0.99):.1f}",
-        str(len(sent_at)),
-    )
+    table = Table(title="tidegate demo: 2 workers, 1 gateway, CPU")
+    for col in ("path", "model", "sent", "ok", "errors", "lost", "req/s", "p50 ms", "p99 ms"):
+        table.add_column(col, justify="right" if col not in ("path", "model") else "left")
+    table.add_column("mean batch", justify="right")
+    for r in results:
+        path, model = r.label.split()
+        batch = f"{r.mean_batch:.1f}" if r.batch_sizes else "-"
+        counts = [str(n) for n in (r.sent, r.ok, r.errors, r.lost)]
+        timings = [f"{r.throughput:,.0f}", f"{r.p(0.5):.1f}", f"{r.p(0.99):.1f}"]
+        table.add_row(path, model, *counts, *timings, batch)
     console.print(table)
-    console.print(
-        "Requests round-tripped through Kafka and the schema registry. Model serving arrives "
-        "with the inference-path issue."
-    )
-    if sent_at:
+    if keep:
+        console.print(f"Workers and gateway keep running ({base}); `make down` stops them.")
+    if any(r.errors or r.lost for r in results):
+        for r in results:
+            if r.errors or r.lost:
+                console.print(f"[red]{r.label}[/red]: {r.statuses}, lost {r.lost}")
         raise typer.Exit(1)
+
+
+def demo_stop() -> None:
+    """Stop workers and gateways that `tidegate demo --keep` left running."""
+    from tidegate.procs import stop_recorded
+
+    for name in stop_recorded(RUN_DIR):
+        typer.echo(f"demo: stopped {name}")

@@ -1,0 +1,92 @@
+"""From a Kafka message to an `InferenceTask`, or to the reason it is a poison pill.
+
+Bytes the codec cannot decode (bad frame, unknown schema id, body not matching its schema) are
+poison. So is a tensor whose data does not fit its own shape and datatype: the request is then
+also answered INVALID, since its id (and so a waiting caller) is known.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.tasks import InferenceTask
+from agents.tensors import DATATYPES, to_numpy
+from dlq.envelopes import source_position
+from tidegate.errors import InvalidInputError, SerializationError, TidegateError
+
+__all__ = ["Decoded", "KafkaMessage", "RequestDecoder"]
+
+
+class KafkaMessage(Protocol):
+    """The part of confluent-kafka's `Message` the worker reads."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> Any: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
+class Decoder(Protocol):
+    def __call__(self, data: bytes | None, ctx: Any = None) -> Any: ...
+
+
+@dataclass(slots=True)
+class Decoded:
+    """`task` is None when nothing could be decoded; `poison` says why the message is poison."""
+
+    task: InferenceTask | None
+    poison: TidegateError | None
+
+
+class RequestDecoder:
+    def __init__(self, decoder: Decoder) -> None:
+        self._decoder = decoder
+
+    def decode(self, msg: KafkaMessage) -> Decoded:
+        """Decode one message. A `RetriableError` (registry unreachable) propagates: the message
+        is not poison and must be read again."""
+        try:
+            record = self._decoder(msg.value())
+        except SerializationError as exc:
+            return Decoded(None, exc)
+        now_ms = time.time() * 1000.0
+        ts_type, ts = msg.timestamp()
+        position = source_position(str(msg.topic()), msg.partition() or 0, msg.offset() or 0)
+        task = InferenceTask(
+            record,
+            source=position,
+            received_ms=now_ms,
+            queue_ms=max(0.0, now_ms - ts) if ts_type and ts > 0 else 0.0,
+        )
+        arrays: dict[str, Any] = {}
+        for tensor in record["inputs"]:
+            if tensor["datatype"] not in DATATYPES:
+                # Not malformed, only unsupported: the signature check answers INVALID.
+                continue
+            try:
+                arrays[tensor["name"]] = _array(tensor)
+            except InvalidInputError as exc:
+                task.rejection = exc
+                return Decoded(task, exc)
+        task.arrays = arrays
+        return Decoded(task, None)
+
+
+def _array(tensor: dict[str, Any]) -> npt.NDArray[Any]:
+    """`to_numpy`, with a shortcut for the common well-formed numeric tensor; anything else goes
+    through `to_numpy`, which also words the errors."""
+    datatype, shape, data = tensor["datatype"], tensor["shape"], tensor["data"]
+    if datatype != "BYTES" and min(shape, default=0) >= 0:
+        dtype = DATATYPES[datatype]
+        if len(data) == math.prod(shape) * dtype.itemsize:
+            return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return to_numpy(tensor)

@@ -1,0 +1,101 @@
+"""Producing results and dead letters, with a callback per message once Kafka acknowledged it.
+
+Results are encoded once and the same bytes go to `inference-results` (keyed like the request) and,
+when the request asks, to its `reply_to` topic and partition. The producer is the idempotent,
+acks=all one of `tidegate.kafka`, so messages of one partition land in produce order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from schemas import DEAD_LETTER_ENVELOPE, INFERENCE_RESULT, AvroEncoder, load_schema
+from tidegate.errors import ConfigurationError, TidegateError
+from tidegate.settings import TopicSettings
+
+__all__ = ["Ack", "Publisher"]
+
+Ack = Callable[[KafkaError | None, Message], None]
+
+_RECORD_UNIONS = (
+    ("source", "dev.tidegate.common.SourcePosition"),
+    ("error", "dev.tidegate.common.ErrorInfo"),
+)
+
+
+class Publisher:
+    def __init__(
+        self, producer: Producer, registry: SchemaRegistryClient, topics: TopicSettings
+    ) -> None:
+        self.producer = producer
+        self.topics = topics
+        self._results = AvroEncoder(registry, load_schema(INFERENCE_RESULT))
+        self._letters = AvroEncoder(registry, load_schema(DEAD_LETTER_ENVELOPE))
+        self._ids: dict[str, int] = {}
+
+    def start(self) -> None:
+        """Resolve the schema ids once (blocking registry calls), so producing never waits."""
+        wanted = {
+            self.topics.results: self._results,
+            self.topics.failed: self._letters,
+            self.topics.poison: self._letters,
+        }
+        for topic, encoder in wanted.items():
+            subject = f"{topic}-value"
+            try:
+                self._ids[topic] = encoder.schema_id(subject)
+            except TidegateError as exc:
+                raise ConfigurationError(
+                    f"no schema under {subject} ({exc}); run `tidegate schemas register`"
+                ) from exc
+
+    def encode_result(self, result: Mapping[str, Any]) -> bytes:
+        # Naming the branch of record-typed unions spares fastavro from trying each candidate
+        # (a quarter of the encoding time of a result).
+        record = dict(result)
+        for name, fullname in _RECORD_UNIONS:
+            if record.get(name) is not None:
+                record[name] = (fullname, record[name])
+        return self._results.encode(record, self._ids[self.topics.results])
+
+    def result(
+        self, value: bytes, key: bytes | None, reply_to: Mapping[str, Any] | None, ack: Ack
+    ) -> int:
+        """Produce an encoded result; returns how many messages were produced (1 or 2)."""
+        self._produce(self.topics.results, value, key, None, ack)
+        if not reply_to:
+            return 1
+        partition = reply_to.get("partition")
+        self._produce(str(reply_to["topic"]), value, key, partition, ack)
+        return 2
+
+    def dead_letter(
+        self, topic: str, envelope: Mapping[str, Any], key: bytes | None, ack: Ack
+    ) -> None:
+        self._produce(topic, self._letters.encode(envelope, self._ids[topic]), key, None, ack)
+
+    def poll(self) -> int:
+        """Serve delivery callbacks that are due (on the calling thread)."""
+        return int(self.producer.poll(0))
+
+    def flush(self, timeout: float) -> int:
+        """Wait for outstanding messages; returns how many are still undelivered."""
+        return int(self.producer.flush(timeout))
+
+    def _produce(
+        self, topic: str, value: bytes, key: bytes | None, partition: int | None, ack: Ack
+    ) -> None:
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": ack}
+        if partition is not None and partition >= 0:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                # The local queue is full: serve acknowledgements until there is room.
+                self.producer.poll(0.05)

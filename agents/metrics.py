@@ -1,0 +1,116 @@
+"""Prometheus metrics of the worker agents (prometheus-client's default registry).
+
+Model load time is `tidegate_model_load_seconds`, observed by the runtime loader, not here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "BATCH_SIZE",
+    "BATCH_WAIT",
+    "COMPUTE",
+    "CONSUMER_LAG",
+    "DEAD_LETTERS",
+    "END_TO_END",
+    "IN_FLIGHT",
+    "QUEUE",
+    "REQUESTS",
+    "SUB_BATCH_SIZE",
+    "PrometheusBatchObserver",
+    "compute",
+    "end_to_end",
+    "requests",
+    "sub_batch_size",
+]
+
+_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_SLOW = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+REQUESTS = Counter(
+    "tidegate_worker_requests",
+    "Requests answered by this worker, by model, serving version and result status.",
+    ["model", "version", "status"],
+)
+END_TO_END = Histogram(
+    "tidegate_worker_request_seconds",
+    "From the request's creation by its producer to its result, by model.",
+    ["model"],
+    buckets=_SLOW,
+)
+QUEUE = Histogram(
+    "tidegate_worker_queue_seconds",
+    "From the request's produce to its consume (Kafka time).",
+    buckets=_SLOW,
+)
+BATCH_WAIT = Histogram(
+    "tidegate_worker_batch_wait_seconds",
+    "How long each request waited in its partition's batch queue.",
+    buckets=_FAST,
+)
+BATCH_SIZE = Histogram(
+    "tidegate_worker_batch_size",
+    "Requests per partition batch.",
+    buckets=_SIZES,
+)
+SUB_BATCH_SIZE = Histogram(
+    "tidegate_worker_model_batch_size",
+    "Requests per model run (a partition batch split by model and version).",
+    ["model", "version"],
+    buckets=_SIZES,
+)
+COMPUTE = Histogram(
+    "tidegate_worker_compute_seconds",
+    "Wall time of one model run, by model and version.",
+    ["model", "version"],
+    buckets=_FAST,
+)
+IN_FLIGHT = Gauge(
+    "tidegate_worker_in_flight",
+    "Requests consumed whose results are not yet delivered.",
+)
+CONSUMER_LAG = Gauge(
+    "tidegate_worker_consumer_lag",
+    "High watermark minus this worker's position, per assigned partition.",
+    ["topic", "partition"],
+)
+DEAD_LETTERS = Counter(
+    "tidegate_worker_dead_letters",
+    "Dead-letter envelopes published, by topic and error code.",
+    ["topic", "code"],
+)
+
+
+class PrometheusBatchObserver:
+    """Records each partition batch's size and each member's wait."""
+
+    def observe_batch(self, size: int, waits_ms: Sequence[float]) -> None:
+        BATCH_SIZE.observe(size)
+        for wait in waits_ms:
+            BATCH_WAIT.observe(wait / 1000.0)
+
+
+# Labelled children are looked up once: `labels()` costs more than the observation itself.
+@functools.lru_cache(maxsize=1024)
+def requests(model: str, version: str, status: str) -> Counter:
+    return REQUESTS.labels(model, version, status)
+
+
+@functools.lru_cache(maxsize=256)
+def end_to_end(model: str) -> Histogram:
+    return END_TO_END.labels(model)
+
+
+@functools.lru_cache(maxsize=256)
+def compute(model: str, version: str) -> Histogram:
+    return COMPUTE.labels(model, version)
+
+
+@functools.lru_cache(maxsize=256)
+def sub_batch_size(model: str, version: str) -> Histogram:
+    return SUB_BATCH_SIZE.labels(model, version)

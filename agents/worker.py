@@ -1,0 +1,309 @@
+"""The worker's Kafka hot path: a confluent-kafka batch consumer feeding partition pipelines.
+
+One thread owns the consumer: it polls, commits, pauses and resumes, and runs the rebalance
+callbacks. Everything else runs on the event loop. Commits carry, per partition, the end of the
+prefix of offsets whose results and dead letters Kafka acknowledged (at-least-once).
+
+On revoke, the revoked partitions finish their in-flight work (bounded by `drain_timeout_s`), the
+delivered prefix is committed synchronously before the partitions are given up, and what is left
+is abandoned for the next owner. When `max_in_flight` requests are unfinished, consumption pauses.
+`stop()` stops consuming, drains every partition, commits and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from agents import metrics
+from agents.batching import PartitionBatcher
+from agents.decoding import RequestDecoder
+from agents.delivery import Publisher
+from agents.partition import PartitionPipeline
+from agents.service import InferenceService
+from agents.tasks import InferenceTask
+from schemas import INFERENCE_REQUEST, AvroDecoder, load_schema
+from tidegate.errors import RetriableError
+from tidegate.kafka import consume_ready, make_consumer, make_producer
+from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings, WorkerSettings
+from tidegate.telemetry import get_logger
+
+__all__ = ["CONSUMER_DEFAULTS", "InferenceWorker"]
+
+log = get_logger(__name__)
+
+# Cooperative rebalancing moves only the partitions that change owner; a short session (from
+# WorkerSettings) lets the group notice a killed worker within seconds rather than the default 45.
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "partition.assignment.strategy": "cooperative-sticky",
+    "heartbeat.interval.ms": 1_000,
+}
+_FETCH_MAX = 500
+_LAG_EVERY_S = 5.0
+_RETRY_DECODE_S = 1.0
+
+
+class InferenceWorker:
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        settings: WorkerSettings,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        registry: SchemaRegistrySettings,
+        drain_timeout_s: float | None = None,
+        poll_timeout_s: float = 0.1,
+        consumer_extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self.topics = topics
+        self._kafka = kafka
+        self._registry = registry
+        self._drain_timeout = drain_timeout_s or settings.drain_timeout_s
+        self._poll_timeout = poll_timeout_s
+        self._consumer_extra = {
+            **CONSUMER_DEFAULTS,
+            "session.timeout.ms": settings.session_timeout_ms,
+            **(consumer_extra or {}),
+        }
+        self._pipelines: dict[int, PartitionPipeline] = {}
+        self._paused = False
+        self._in_flight = 0
+        self._lag_at = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Connect, subscribe and start consuming; models should be loaded before this."""
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._failed: asyncio.Future[None] = self._loop.create_future()
+        client = SchemaRegistryClient(self._registry.client_config())
+        self._decoder = RequestDecoder(AvroDecoder(client, load_schema(INFERENCE_REQUEST)))
+        client_id = f"{self._kafka.client_id}-{self.settings.worker_id}"
+        self._publisher = Publisher(
+            make_producer(self._kafka, {"client.id": client_id}), client, self.topics
+        )
+        await asyncio.to_thread(self._publisher.start)
+        self._batcher: PartitionBatcher[InferenceTask, dict[str, Any]] = PartitionBatcher(
+            self.service.process,
+            max_batch_size=self.settings.max_batch_size,
+            max_batch_delay_ms=self.settings.max_batch_delay_ms,
+            observer=metrics.PrometheusBatchObserver(),
+        )
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="kafka-consumer")
+        extra = {"client.id": client_id, **self._consumer_extra}
+        self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
+        self._consumer.subscribe(
+            [self.topics.requests],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        self._tasks = [
+            self._loop.create_task(self._pump(), name="delivery-pump"),
+            self._loop.create_task(self._fetch(), name="kafka-fetch"),
+        ]
+
+    async def wait(self) -> None:
+        """Return when the worker stops; raise what made it fail, if anything did."""
+        await asyncio.shield(self._failed)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        fetch = self._tasks[-1]
+        await asyncio.gather(fetch, return_exceptions=True)
+        drained = await asyncio.gather(
+            *(p.drain(self._drain_timeout) for p in self._pipelines.values())
+        )
+        if not all(drained):
+            log.warning("stopping with undelivered results; they are redone after a restart")
+        commits = [
+            TopicPartition(self.topics.requests, p, pipeline.tracker.position)
+            for p, pipeline in self._pipelines.items()
+            if pipeline.tracker.position is not None
+        ]
+        await self._loop.run_in_executor(self._thread, self._close_consumer, commits)
+        for pipeline in list(self._pipelines.values()):
+            await pipeline.close()
+        self._pipelines.clear()
+        await self._batcher.stop()
+        left = await asyncio.to_thread(self._publisher.flush, 10.0)
+        if left:
+            log.warning("%d messages not acknowledged at shutdown", left)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._thread.shutdown(wait=True)
+        metrics.IN_FLIGHT.set(0)
+        if not self._failed.done():
+            self._failed.set_result(None)
+
+    # -- event loop side --------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        log.error("worker failing: %s", exc)
+        self._stopping.set()
+        if not self._failed.done():
+            self._failed.set_exception(exc)
+
+    async def _fetch(self) -> None:
+        rewind: list[TopicPartition] = []
+        while not self._stopping.is_set():
+            in_flight = self._in_flight = sum(p.tracker.in_flight for p in self._pipelines.values())
+            metrics.IN_FLIGHT.set(in_flight)
+            pause = in_flight >= self.settings.max_in_flight or (
+                self._paused and in_flight > self.settings.max_in_flight // 2
+            )
+            room = max(1, min(_FETCH_MAX, self.settings.max_in_flight - in_flight))
+            batch = await self._loop.run_in_executor(
+                self._thread, self._cycle, self._commits(), pause, rewind, room
+            )
+            rewind = self._ingest(batch)
+            if rewind:
+                await asyncio.sleep(_RETRY_DECODE_S)
+
+    def _ingest(self, batch: list[Message]) -> list[TopicPartition]:
+        """Hand messages to their partitions; returns where to re-read after a transient error."""
+        rewind: dict[int, TopicPartition] = {}
+        for msg in batch:
+            err = msg.error()
+            partition = msg.partition()
+            if err is not None:
+                log.warning("consumer error: %s", err)
+                continue
+            if partition is None or partition in rewind:
+                continue  # behind a message that must be read again
+            pipeline = self._pipelines.get(partition)
+            if pipeline is None:
+                continue  # revoked meanwhile
+            try:
+                pipeline.accept(msg)
+            except RetriableError as exc:
+                log.warning(
+                    "cannot decode %s[%s]@%s yet: %s", msg.topic(), partition, msg.offset(), exc
+                )
+                rewind[partition] = TopicPartition(
+                    self.topics.requests, partition, msg.offset() or 0
+                )
+        return list(rewind.values())
+
+    def _commits(self) -> list[TopicPartition]:
+        commits = []
+        for partition, pipeline in self._pipelines.items():
+            position = pipeline.tracker.committable()
+            if position is not None:
+                commits.append(TopicPartition(self.topics.requests, partition, position))
+        return commits
+
+    async def _pump(self) -> None:
+        # Delivery callbacks run here, on the loop, so trackers are only touched by one thread.
+        while True:
+            served = self._publisher.poll()
+            await asyncio.sleep(0.001 if served or self._in_flight else 0.02)
+
+    def _new_pipeline(self, partition: int) -> PartitionPipeline:
+        return PartitionPipeline(
+            self.topics.requests,
+            partition,
+            decoder=self._decoder,
+            batcher=self._batcher,
+            publisher=self._publisher,
+            worker_id=self.settings.worker_id,
+            on_fatal=self._fail,
+        )
+
+    async def _assigned(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            if partition not in self._pipelines:
+                self._pipelines[partition] = self._new_pipeline(partition)
+        log.info("assigned partitions %s", sorted(partitions))
+
+    async def _revoked(self, partitions: list[int], drain: bool) -> list[TopicPartition]:
+        pipelines = [self._pipelines[p] for p in partitions if p in self._pipelines]
+        if drain:
+            await asyncio.gather(*(p.drain(self._drain_timeout) for p in pipelines))
+        commits = []
+        for pipeline in pipelines:
+            position = pipeline.tracker.position if drain else None
+            if position is not None:
+                commits.append(TopicPartition(self.topics.requests, pipeline.partition, position))
+            await pipeline.close()
+            del self._pipelines[pipeline.partition]
+            with contextlib.suppress(KeyError):
+                metrics.CONSUMER_LAG.remove(self.topics.requests, str(pipeline.partition))
+        log.info("%s partitions %s", "revoked" if drain else "lost", sorted(partitions))
+        return commits
+
+    # -- consumer thread side ---------------------------------------------------------------
+
+    def _cycle(
+        self, commits: list[TopicPartition], pause: bool, rewind: list[TopicPartition], room: int
+    ) -> list[Message]:
+        consumer = self._consumer
+        for position in rewind:
+            try:
+                consumer.seek(position)
+            except KafkaException as exc:
+                log.warning("cannot seek back to %s: %s", position, exc)
+        if commits:
+            try:
+                consumer.commit(offsets=commits, asynchronous=True)
+            except KafkaException as exc:
+                log.warning("commit failed, the next one covers it: %s", exc)
+        if pause or self._paused:
+            assignment = consumer.assignment()
+            if pause and assignment:
+                consumer.pause(assignment)
+            elif not pause and assignment:
+                consumer.resume(assignment)
+            self._paused = pause
+        now = time.monotonic()
+        if now - self._lag_at >= _LAG_EVERY_S:
+            self._lag_at = now
+            self._refresh_lag(consumer)
+        return consume_ready(consumer, room, self._poll_timeout)
+
+    def _refresh_lag(self, consumer: Consumer) -> None:
+        try:
+            positions = consumer.position(consumer.assignment())
+        except KafkaException:
+            return
+        for tp in positions:
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(high - tp.offset)
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = [tp.partition for tp in partitions]
+        asyncio.run_coroutine_threadsafe(self._assigned(parts), self._loop).result()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = [tp.partition for tp in partitions]
+        future = asyncio.run_coroutine_threadsafe(self._revoked(parts, True), self._loop)
+        commits = future.result(timeout=self._drain_timeout + 30)
+        if commits:
+            try:
+                consumer.commit(offsets=commits, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit on revoke failed; the next owner redoes from the last: %s", exc)
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = [tp.partition for tp in partitions]
+        asyncio.run_coroutine_threadsafe(self._revoked(parts, False), self._loop).result()
+
+    def _close_consumer(self, commits: list[TopicPartition]) -> None:
+        if commits:
+            try:
+                self._consumer.commit(offsets=commits, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("final commit failed: %s", exc)
+        self._consumer.close()

@@ -1,0 +1,77 @@
+"""The gateway app: the V2 HTTP facade over Kafka, one replica per process.
+
+`create_app` takes the settings bundle and a factory of services (the real Kafka/Redis ones by
+default); the lifespan builds and starts them on the server's event loop and stops them on
+shutdown. Every error answers an RFC 9457 problem body (`gateway.problems`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import tidegate
+from gateway.problems import error_problem, problem
+from gateway.routes import router
+from gateway.runtime import GatewayRuntime
+from gateway.services import GatewayConfig, ServicesFactory, kafka_services
+from tidegate.errors import TidegateError
+
+__all__ = ["create_app"]
+
+_log = logging.getLogger(__name__)
+
+
+def create_app(
+    config: GatewayConfig | None = None, services: ServicesFactory = kafka_services
+) -> FastAPI:
+    config = config or GatewayConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = GatewayRuntime(config, services(config))
+        await runtime.start()
+        app.state.gateway = runtime
+        _log.info("gateway replica %s started", config.gateway.replica_id)
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(title="tidegate gateway", version=tidegate.__version__, lifespan=lifespan)
+    app.include_router(router)
+
+    @app.exception_handler(TidegateError)
+    async def _tidegate_error(request: Request, exc: TidegateError) -> Response:
+        return error_problem(exc, instance=request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return problem(
+            exc.status_code, str(exc.detail), instance=request.url.path, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ())) or None
+        return problem(
+            400,
+            str(first.get("msg", exc)),
+            instance=request.url.path,
+            code="INVALID_INPUT",
+            field=field,
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        _log.exception("unexpected error on %s", request.url.path)
+        return problem(500, "internal error", instance=request.url.path, code="INTERNAL")
+
+    return app

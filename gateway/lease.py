@@ -1,0 +1,96 @@
+"""A Redis lease on one partition of the replies topic, so each gateway replica owns its own.
+
+The lease is `SET key owner NX PX lease_ms`, one key per partition. Renewal extends it only
+while the key still names this owner, and takes it back if it expired while nobody else claimed
+it; a lease another replica holds is lost, and the owner claims a free partition instead.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from redis.asyncio import Redis
+
+__all__ = ["LEASE_PREFIX", "PartitionLease", "lease_key"]
+
+LEASE_PREFIX = "tidegate:gateway:reply-lease"
+
+# Extend if ours; re-take if it expired unclaimed; otherwise it is lost (0).
+_RENEW = """
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not owner then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def lease_key(topic: str, partition: int, prefix: str = LEASE_PREFIX) -> str:
+    return f"{prefix}:{topic}:{partition}"
+
+
+class PartitionLease:
+    """Claims, renews and releases one partition of `topic` for `owner`."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        topic: str,
+        owner: str,
+        lease_s: float,
+        prefix: str = LEASE_PREFIX,
+    ) -> None:
+        self._redis = client
+        self._topic = topic
+        self._owner = owner
+        self._lease_ms = int(lease_s * 1000)
+        self._prefix = prefix
+        self.partition: int | None = None
+        self.held = False
+
+    def key(self, partition: int) -> str:
+        return lease_key(self._topic, partition, self._prefix)
+
+    async def acquire(self, partitions: int) -> int | None:
+        """Claim the first free partition, starting from one derived from the owner's name so
+        that replicas starting together rarely race for the same key."""
+        start = zlib.crc32(self._owner.encode()) % partitions
+        for step in range(partitions):
+            partition = (start + step) % partitions
+            claimed = await self._redis.set(
+                self.key(partition), self._owner, nx=True, px=self._lease_ms
+            )
+            if claimed:
+                self.partition, self.held = partition, True
+                return partition
+        self.held = False
+        return None
+
+    async def renew(self) -> bool:
+        if self.partition is None:
+            self.held = False
+            return False
+        kept = await self._redis.eval(  # type: ignore[misc]
+            _RENEW, 1, self.key(self.partition), self._owner, str(self._lease_ms)
+        )
+        self.held = bool(kept)
+        return self.held
+
+    async def owner_of(self, partition: int) -> str | None:
+        value = await self._redis.get(self.key(partition))
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def release(self) -> None:
+        if self.partition is not None:
+            await self._redis.eval(  # type: ignore[misc]
+                _RELEASE, 1, self.key(self.partition), self._owner
+            )
+        self.held = False

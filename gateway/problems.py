@@ -1,0 +1,169 @@
+"""RFC 9457 problem details, and the one mapping from the tidegate error tree to HTTP status codes.
+
+Domain code raises `TidegateError`s and workers answer result statuses; only this module turns
+either into a status code. Each body carries the standard members (`type`, `title`, `status`,
+`detail`, `instance`) and extensions: `code` and `retriable` from the error, `field` naming the
+field at fault, `request_id` when known, and `error` (a copy of `detail`) because V2 clients, such
+as tritonclient, read the message of a failed call from `error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from gateway.errors import (
+    PayloadTooLargeError,
+    RequestNotFoundError,
+    UnsupportedMediaTypeError,
+)
+from tidegate.errors import (
+    DeadlineExceededError,
+    InvalidInputError,
+    ModelExecutionError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    OverloadedError,
+    ResultTimeoutError,
+    RetriableError,
+    SerializationError,
+    TidegateError,
+)
+
+__all__ = [
+    "PROBLEM_JSON",
+    "ProblemResponse",
+    "error_problem",
+    "problem",
+    "problem_type",
+    "result_problem",
+    "status_for_error",
+    "status_for_result",
+]
+
+PROBLEM_JSON = "application/problem+json"
+RETRY_AFTER_S = 1
+
+# Most specific first: the first class an error is an instance of decides.
+_ERROR_STATUS: tuple[tuple[type[TidegateError], int], ...] = (
+    (PayloadTooLargeError, 413),
+    (UnsupportedMediaTypeError, 415),
+    (InvalidInputError, 400),
+    (SerializationError, 400),
+    (ModelNotFoundError, 404),
+    (RequestNotFoundError, 404),
+    (DeadlineExceededError, 504),
+    (ResultTimeoutError, 504),
+    (OverloadedError, 503),
+    (ModelUnavailableError, 503),
+    (ModelExecutionError, 500),
+    (RetriableError, 503),
+)
+
+# A deadline that passed is a gateway timeout: the upstream (the worker) did not answer in time,
+# which is 504; 408 would blame the client for being slow to send its request.
+_RESULT_STATUS: dict[str, int] = {
+    "OK": 200,
+    "INVALID": 400,
+    "NOT_FOUND": 404,
+    "DEADLINE_EXCEEDED": 504,
+    "ERROR": 500,
+    "UNAVAILABLE": 503,
+}
+_RESULT_CODE: dict[str, str] = {
+    "INVALID": InvalidInputError.code,
+    "NOT_FOUND": ModelNotFoundError.code,
+    "DEADLINE_EXCEEDED": DeadlineExceededError.code,
+    "ERROR": ModelExecutionError.code,
+    "UNAVAILABLE": ModelUnavailableError.code,
+}
+
+
+class ProblemResponse(JSONResponse):
+    media_type = PROBLEM_JSON
+
+
+def status_for_error(error: TidegateError) -> int:
+    return next((status for cls, status in _ERROR_STATUS if isinstance(error, cls)), 500)
+
+
+def status_for_result(status: str) -> int:
+    """HTTP status of a result status; UNKNOWN (a symbol newer than this reader) is a 500."""
+    return _RESULT_STATUS.get(status, 500)
+
+
+def problem_type(code: str) -> str:
+    # Not dereferenceable on purpose (RFC 9457 3.1.1 allows it): the code is the identifier.
+    return f"urn:tidegate:problem:{code.lower().replace('_', '-')}"
+
+
+def problem(
+    status: int,
+    detail: str,
+    *,
+    instance: str,
+    code: str | None = None,
+    title: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **extensions: Any,
+) -> ProblemResponse:
+    """A problem response; extension members whose value is None are left out."""
+    phrase = HTTPStatus(status).phrase
+    body: dict[str, Any] = {
+        "type": problem_type(code) if code else "about:blank",
+        "title": title or phrase,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+        "error": detail,
+    }
+    if code:
+        body["code"] = code
+    body.update({key: value for key, value in extensions.items() if value is not None})
+    out_headers = dict(headers or {})
+    if status == 503:
+        out_headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    return ProblemResponse(body, status_code=status, headers=out_headers)
+
+
+def error_problem(
+    error: TidegateError,
+    *,
+    instance: str,
+    request_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ProblemResponse:
+    return problem(
+        status_for_error(error),
+        str(error) or type(error).__name__,
+        instance=instance,
+        code=error.code,
+        headers=headers,
+        retriable=error.retriable,
+        field=getattr(error, "field", None),
+        request_id=request_id,
+    )
+
+
+def result_problem(result: Mapping[str, Any], *, instance: str) -> ProblemResponse:
+    """The problem body of a result that is not OK, carrying its structured error."""
+    status = str(result.get("status"))
+    error: Mapping[str, Any] = result.get("error") or {}
+    code = str(error.get("code") or _RESULT_CODE.get(status, "INTERNAL"))
+    return problem(
+        status_for_result(status),
+        str(error.get("message") or f"the request ended with status {status}"),
+        instance=instance,
+        code=code,
+        result_status=status,
+        retriable=bool(error.get("retriable", False)),
+        field=error.get("field"),
+        error_class=error.get("error_class") or None,
+        details=dict(error.get("details") or {}) or None,
+        request_id=result.get("request_id"),
+        model_name=result.get("model"),
+        model_version=result.get("model_version"),
+    )

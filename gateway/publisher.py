@@ -1,0 +1,113 @@
+"""Publishing requests from the event loop, awaiting the broker's acknowledgement.
+
+`KafkaPublisher` builds on `tidegate.producer.TidegateProducer`. librdkafka's delivery reports
+are served by a small thread that polls the producer; each report settles its future on the loop
+with `call_soon_threadsafe`, so the loop never blocks on Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from tidegate.errors import ConfigurationError
+from tidegate.kafka import make_admin
+from tidegate.producer import PublishError, TidegateProducer
+from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+
+__all__ = ["KafkaPublisher", "RequestPublisher"]
+
+
+class RequestPublisher(ABC):
+    @abstractmethod
+    async def publish(self, record: dict[str, Any]) -> None:
+        """Return once the broker has the request; `PublishError` if it does not take it."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect before the first publish."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Deliver what is queued and disconnect."""
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+
+class KafkaPublisher(RequestPublisher):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        registry: SchemaRegistrySettings,
+        *,
+        connect_timeout_s: float = 15.0,
+    ) -> None:
+        self._kafka = kafka
+        self._topics = topics
+        self._connect_timeout_s = connect_timeout_s
+        self._producer = TidegateProducer(
+            kafka, topics, registry, producer_extra={"error_cb": self._on_error}
+        )
+        self._stopping = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._connected = False
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def _on_error(self, error: KafkaError) -> None:
+        # Called from the polling thread. Only losing every broker changes readiness: other
+        # errors are transient and librdkafka retries them itself.
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._connected = False
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start)
+        self._poller = threading.Thread(target=self._poll, name="gateway-publisher", daemon=True)
+        self._poller.start()
+
+    def _start(self) -> None:
+        self._producer.start(self._connect_timeout_s)
+        topic = self._topics.requests
+        meta = make_admin(self._kafka).list_topics(topic, timeout=self._connect_timeout_s)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            raise ConfigurationError(f"requests topic {topic!r} does not exist")
+        self._connected = True
+
+    def _poll(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.05)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._poller is not None:
+            await asyncio.to_thread(self._poller.join)
+        await asyncio.to_thread(self._producer.stop)
+        self._connected = False
+
+    async def publish(self, record: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        acked: asyncio.Future[None] = loop.create_future()
+
+        def settle(_request_id: str, error: Exception | None) -> None:
+            loop.call_soon_threadsafe(_resolve, acked, error)
+
+        self._producer.publish_record(record, on_delivery=settle)
+        await acked
+        self._connected = True
+
+
+def _resolve(future: asyncio.Future[None], error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error if isinstance(error, PublishError) else PublishError(str(error)))

@@ -1,0 +1,90 @@
+"""The V2 endpoints: health, server and model metadata, inference, results by id, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import tidegate
+from gateway.problems import problem
+from gateway.runtime import GatewayRuntime
+
+__all__ = ["EXTENSIONS", "router"]
+
+EXTENSIONS = ["binary_tensor_data", "parameters"]
+
+router = APIRouter()
+
+
+def _runtime(request: Request) -> GatewayRuntime:
+    runtime: GatewayRuntime = request.app.state.gateway
+    return runtime
+
+
+@router.get("/v2/health/live")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/v2/health/ready")
+async def ready(request: Request) -> Response:
+    missing = _runtime(request).not_ready()
+    if missing:
+        return problem(
+            503,
+            "not ready: " + "; ".join(missing),
+            instance=request.url.path,
+            code="UNAVAILABLE",
+            ready=False,
+        )
+    return JSONResponse({"ready": True})
+
+
+@router.get("/v2")
+async def server_metadata() -> dict[str, Any]:
+    return {"name": "tidegate", "version": tidegate.__version__, "extensions": EXTENSIONS}
+
+
+@router.get("/v2/models/{model}")
+async def model_metadata(request: Request, model: str) -> dict[str, Any]:
+    return await _runtime(request).services.catalog.metadata(model)
+
+
+@router.get("/v2/models/{model}/versions/{version}")
+async def version_metadata(request: Request, model: str, version: str) -> dict[str, Any]:
+    return await _runtime(request).services.catalog.metadata(model, version)
+
+
+@router.get("/v2/models/{model}/ready")
+async def model_ready(request: Request, model: str) -> dict[str, Any]:
+    await _runtime(request).services.catalog.manifest(model)
+    return {"name": model, "ready": True}
+
+
+@router.get("/v2/models/{model}/versions/{version}/ready")
+async def version_ready(request: Request, model: str, version: str) -> dict[str, Any]:
+    await _runtime(request).services.catalog.manifest(model, version)
+    return {"name": model, "version": version, "ready": True}
+
+
+@router.post("/v2/models/{model}/infer")
+async def infer(request: Request, model: str) -> Response:
+    return await _runtime(request).inference.infer(request, model, None)
+
+
+@router.post("/v2/models/{model}/versions/{version}/infer")
+async def infer_version(request: Request, model: str, version: str) -> Response:
+    return await _runtime(request).inference.infer(request, model, version)
+
+
+@router.get("/v2/requests/{request_id}")
+async def fetch(request: Request, request_id: str) -> Response:
+    return await _runtime(request).inference.fetch(request_id)
+
+
+@router.get("/metrics")
+async def prometheus() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

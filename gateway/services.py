@@ -1,0 +1,100 @@
+"""What the gateway talks to, behind small interfaces, and how the real ones are built.
+
+`GatewayConfig` bundles the settings; `GatewayServices` holds the publisher, the reply feed, the
+result store, the model catalog and the result decoder. `kafka_services` builds the real ones
+(Kafka, Redis, the registry, the artifact store); tests build in-memory ones instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.models import ModelCatalog, ServingConfig
+from gateway.publisher import RequestPublisher
+from gateway.replies import ReplyFeed
+from gateway.results import ResultStore
+from tidegate.settings import (
+    GatewaySettings,
+    KafkaSettings,
+    ModelSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+
+__all__ = ["GatewayConfig", "GatewayServices", "ServicesFactory", "kafka_services"]
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    models: ModelSettings = field(default_factory=ModelSettings)
+
+
+@dataclass
+class GatewayServices:
+    catalog: ModelCatalog
+    publisher: RequestPublisher
+    feed: ReplyFeed
+    store: ResultStore
+    decode_result: Callable[[bytes], dict[str, Any]]
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in self.closers:
+            await close()
+
+
+ServicesFactory = Callable[[GatewayConfig], GatewayServices]
+
+
+def kafka_services(config: GatewayConfig) -> GatewayServices:
+    """The real services. Call it on the event loop that will use them."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from redis.asyncio import Redis
+
+    from agents.store import LocalArtifactStore
+    from gateway.feed import KafkaReplyFeed
+    from gateway.lease import PartitionLease
+    from gateway.publisher import KafkaPublisher
+    from gateway.results import RedisResultStore
+    from schemas import INFERENCE_RESULT, AvroDecoder, load_schema
+
+    password = config.redis.password.get_secret_value() if config.redis.password else None
+    redis = Redis.from_url(config.redis.url, password=password)
+    decoder = AvroDecoder(
+        SchemaRegistryClient(config.registry.client_config()), load_schema(INFERENCE_RESULT)
+    )
+    ctx = SerializationContext(config.topics.replies, MessageField.VALUE)
+
+    def decode(raw: bytes) -> dict[str, Any]:
+        record: dict[str, Any] = decoder(raw, ctx)
+        return record
+
+    gateway = config.gateway
+    lease = PartitionLease(
+        redis, topic=config.topics.replies, owner=gateway.replica_id, lease_s=gateway.reply_lease_s
+    )
+    return GatewayServices(
+        catalog=ModelCatalog(
+            LocalArtifactStore(config.models), ServingConfig(config.models.serving_config)
+        ),
+        publisher=KafkaPublisher(config.kafka, config.topics, config.registry),
+        feed=KafkaReplyFeed(
+            config.kafka,
+            config.topics.replies,
+            lease,
+            decode,
+            renew_every_s=gateway.reply_lease_s / 3,
+        ),
+        store=RedisResultStore(redis, gateway.result_ttl_s),
+        decode_result=decode,
+        closers=[redis.aclose],
+    )

@@ -1,0 +1,194 @@
+"""Pipeline benchmark (`make bench`): the model limit, the transport limit, and tidegate's Kafka and
+HTTP paths at rising open-loop rates, side by side in one run, printed as ratios.
+
+* model limit: in-process runtime (onnxruntime, same thread settings as the workers, tokenizer
+  included for minilm) at its best batch size;
+* transport limit: a bare confluent-kafka consume->produce relay, no decoding, no model;
+* Kafka path: 2 `tidegate worker` processes; an open-loop producer at rising rates; the highest
+  rate whose p99 stays within the bar (100 ms fraud, 1 s minilm) with nothing lost;
+* HTTP path: 1 gateway in front of the same workers, open-loop POSTs at rising rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support import unique
+from tidegate.cli.demo import TEXTS, fraud_body, fraud_record, minilm_body, minilm_record
+from tidegate.loadgen import LoadResult, http_load, kafka_load
+
+__all__ = ["run"]
+
+STEP_S = 6.0
+BARS = {"fraud": 0.100, "minilm": 1.0}
+RATES = {
+    "fraud": [250, 500, 1000, 1500, 2000, 3000, 4000, 6000],
+    "minilm": [20, 40, 60, 80, 100, 130, 160, 200],
+}
+
+
+def model_limit(model: str) -> tuple[float, int]:
+    """Best rows/s of the in-process runtime over batch sizes, and the batch size that gave it."""
+    from agents.runtime import load_package
+    from agents.store import LocalArtifactStore
+    from tidegate.settings import ModelSettings
+
+    settings = ModelSettings()
+
+    async def measure() -> tuple[float, int]:
+        runtime = await load_package(LocalArtifactStore(settings), model, "1", settings)
+        best = (0.0, 0)
+        for batch in (1, 8, 16, 32, 64):
+            if model == "fraud":
+                rows = np.random.default_rng(0).normal(size=(batch, 64)).astype(np.float32)
+                inputs: dict[str, Any] = {"features": rows}
+            else:
+                texts = [TEXTS[i % len(TEXTS)].encode() for i in range(batch)]
+                inputs = {"text": np.asarray(texts, dtype=object)}
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < 3.0:
+                await runtime.infer(inputs)
+                done += batch
+            rate = done / (time.perf_counter() - start)
+            best = max(best, (rate, batch))
+        await runtime.on_unload()
+        return best
+
+    return asyncio.run(measure())
+
+
+def transport_limit(count: int = 40_000) -> float:
+    """Messages/s of a bare consume->produce relay of request-sized records."""
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    from tidegate.kafka import make_admin, make_consumer, make_producer
+    from tidegate.settings import KafkaSettings
+
+    kafka = KafkaSettings()
+    admin = make_admin(kafka)
+    src, dst = unique("bench-relay-in"), unique("bench-relay-out")
+    for fut in admin.create_topics([NewTopic(t, 32, 1) for t in (src, dst)]).values():
+        fut.result(30)
+    payload = bytes(330)
+    producer = make_producer(kafka)
+    for i in range(count):
+        producer.produce(src, key=f"card-{i % 64}", value=payload)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    consumer = make_consumer(kafka, unique("bench-relay"))
+    consumer.subscribe([src])
+    relayed, start = 0, 0.0
+    deadline = time.monotonic() + 120
+    while relayed < count and time.monotonic() < deadline:
+        for msg in consumer.consume(num_messages=500, timeout=0.5):
+            if msg.error():
+                continue
+            if not start:
+                start = time.perf_counter()
+            producer.produce(dst, key=msg.key(), value=msg.value())
+            relayed += 1
+        producer.poll(0)
+        consumer.commit(asynchronous=True)
+    producer.flush(60)
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    for fut in admin.delete_topics([src, dst]).values():
+        fut.result(30)
+    return relayed / elapsed
+
+
+def _sweep(model: str, attempt: Callable[[float], LoadResult]) -> tuple[float, list[LoadResult]]:
+    best, runs = 0.0, []
+    for rate in RATES[model]:
+        result = attempt(float(rate))
+        runs.append(result)
+        ok = not result.lost and not result.errors and result.p(0.99) <= BARS[model] * 1000
+        print(
+            f"  {result.label:<14} {rate:>6}/s  p50 {result.p(0.5):7.1f} ms  "
+            f"p99 {result.p(0.99):7.1f} ms  batch {result.mean_batch:4.1f}  "
+            f"lost {result.lost}  errors {result.errors}  {'ok' if ok else 'over the bar'}"
+        )
+        if not ok:
+            break
+        best = float(rate)
+    return best, runs
+
+
+def _kafka_attempt(model: str, tag: str, rate: float) -> LoadResult:
+    make = fraud_record if model == "fraud" else minilm_record
+    run_tag = f"{tag}-{rate:g}"
+    return kafka_load(
+        f"kafka {model}",
+        lambda i: make(i, run_tag),
+        rate=rate,
+        count=max(1, int(rate * STEP_S)),
+    )
+
+
+def _http_attempt(model: str, base: str, rate: float) -> LoadResult:
+    body = fraud_body if model == "fraud" else minilm_body
+    url = f"{base}/v2/models/{model}/infer"
+    return asyncio.run(
+        http_load(f"http {model}", url, body, rate=rate, count=max(1, int(rate * STEP_S)))
+    )
+
+
+def run() -> None:
+    from tidegate.procs import spawn, stop_recorded, wait_http
+    from tidegate.settings import GatewaySettings
+
+    print("\npipeline: model limit")
+    limits = {m: model_limit(m) for m in ("fraud", "minilm")}
+    for model, (rate, batch) in limits.items():
+        print(f"  {model:<8} {rate:>10,.0f} rows/s at batch {batch}")
+    print("pipeline: transport limit (bare confluent-kafka relay)")
+    transport = transport_limit()
+    print(f"  relay    {transport:>10,.0f} msgs/s")
+
+    run_dir = Path("var/bench")
+    stop_recorded(run_dir)
+    gw = GatewaySettings()
+    base = f"http://{gw.host}:{gw.port}"
+    children = [
+        spawn("worker-1", ["worker", "--worker-id", "bench-w1", "--metrics-port", "9111"], run_dir),
+        spawn("worker-2", ["worker", "--worker-id", "bench-w2", "--metrics-port", "9112"], run_dir),
+        spawn("gateway", ["gateway"], run_dir),
+    ]
+    try:
+        for child, port in zip(children[:2], (9111, 9112), strict=True):
+            wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
+        wait_http(f"{base}/v2/health/ready", children[2], 120)
+        sustained: dict[str, float] = {}
+        for model in ("fraud", "minilm"):
+            print(f"pipeline: Kafka path, {model}")
+            _kafka_attempt(model, unique("warm"), 50.0)
+            sustained[f"kafka {model}"], _ = _sweep(
+                model, functools.partial(_kafka_attempt, model, unique("b"))
+            )
+            print(f"pipeline: HTTP path, {model}")
+            sustained[f"http {model}"], _ = _sweep(
+                model, functools.partial(_http_attempt, model, base)
+            )
+    finally:
+        for child in children:
+            child.stop()
+
+    s = sustained
+    ratios = [
+        ("minilm Kafka path / model limit", s["kafka minilm"] / limits["minilm"][0], "bar 0.85"),
+        ("fraud Kafka path / transport limit", s["kafka fraud"] / transport, "bar 0.50"),
+        ("fraud HTTP path / Kafka path", s["http fraud"] / max(s["kafka fraud"], 1), ""),
+        ("minilm HTTP path / Kafka path", s["http minilm"] / max(s["kafka minilm"], 1), ""),
+    ]
+    print("\npipeline: sustained rates " + ", ".join(f"{k} {v:,.0f}/s" for k, v in s.items()))
+    print("pipeline ratios")
+    for name, value, bar in ratios:
+        print(f"  {name:<36} = {value:5.2f}  {bar}")

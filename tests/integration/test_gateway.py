@@ -1,0 +1,372 @@
+"""The gateway against the real Kafka, Redis and schema registry, with a fake worker.
+
+Each test gets its own requests, results and replies topics (and their subjects), and runs the
+gateway with uvicorn in a thread on a free port. `FakeWorker` stands in for the worker agents: it
+reads the requests topic, answers after an optional `fake_delay_s` request parameter, and
+publishes each InferenceResult to the results topic and to the request's `reply_to` partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+import uvicorn
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.serialization import MessageField, SerializationContext
+from tritonclient.utils import InferenceServerException
+
+from agents.store import LocalArtifactStore
+from gateway.app import create_app
+from gateway.lease import lease_key
+from gateway.runtime import GatewayRuntime
+from gateway.services import GatewayConfig
+from schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder, load_schema
+from schemas.registration import RegistryHttp, register_all
+from tests.support import unique, wait_for
+from tests.unit.test_gateway_app import ECHO, FRAUD, compute, manifest
+from tidegate.kafka import make_consumer, make_producer
+from tidegate.producer import request_key
+from tidegate.settings import (
+    GatewaySettings,
+    KafkaSettings,
+    ModelSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+
+
+class FakeWorker:
+    """Answers requests from a requests topic, in a thread, like the worker agents would."""
+
+    def __init__(
+        self, kafka: KafkaSettings, topics: TopicSettings, registry: SchemaRegistrySettings
+    ) -> None:
+        self._kafka = kafka
+        self._topics = topics
+        client = SchemaRegistryClient(registry.client_config())
+        self._decoder = AvroDecoder(client, load_schema(INFERENCE_REQUEST))
+        self._encoder = AvroEncoder(client, load_schema(INFERENCE_RESULT))
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
+        self.seen: list[dict[str, Any]] = []
+
+    def start(self) -> FakeWorker:
+        self._schema_id = self._encoder.schema_id(f"{self._topics.results}-value")
+        self._producer = make_producer(self._kafka)
+        # Assigned, not subscribed: the topic is new, and no group join delays the first read.
+        self._consumer = make_consumer(self._kafka, unique("fake-worker"))
+        topic = self._topics.requests
+        meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=10)
+        self._producer.flush(10)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        ctx = SerializationContext(self._topics.requests, MessageField.VALUE)
+        due: list[tuple[float, dict[str, Any]]] = []
+        while not self._stopping.is_set():
+            for msg in self._consumer.consume(100, 0.02):
+                if msg.error() is not None:
+                    continue
+                request = self._decoder(msg.value(), ctx)
+                self.seen.append(request)
+                delay = float(request["parameters"].get("fake_delay_s") or 0.0)
+                due.append((time.monotonic() + delay, request))
+            now = time.monotonic()
+            for entry in [entry for entry in due if entry[0] <= now]:
+                due.remove(entry)
+                self._answer(entry[1])
+            self._producer.poll(0)
+
+    def _answer(self, request: dict[str, Any]) -> None:
+        value = self._encoder.encode(compute(request), self._schema_id)
+        key = request_key(request)
+        self._producer.produce(self._topics.results, key=key, value=value)
+        reply_to = request.get("reply_to")
+        if reply_to:
+            self._producer.produce(
+                reply_to["topic"], partition=reply_to["partition"], key=key, value=value
+            )
+
+
+class GatewayServer:
+    """One gateway replica served by uvicorn in a thread, on a free port."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.app = create_app(config)
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_config=None, lifespan="on", timeout_graceful_shutdown=5)
+        )
+        self._thread = threading.Thread(target=self._server.run, args=([self._sock],), daemon=True)
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    @property
+    def runtime(self) -> GatewayRuntime:
+        runtime: GatewayRuntime = self.app.state.gateway
+        return runtime
+
+    def start(self) -> GatewayServer:
+        self._thread.start()
+        wait_for(
+            lambda: self.http.get("/v2/health/ready").status_code == 200,
+            timeout=30,
+            what=f"gateway on {self.url} to be ready",
+        )
+        return self
+
+    def stop(self) -> None:
+        self.http.close()
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+        self._sock.close()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
+    root = tmp_path_factory.mktemp("gateway-models")
+    (root / "src").mkdir()
+    (root / "src" / "model.bin").write_bytes(b"not a real model")
+    settings = ModelSettings(store_dir=root / "store", serving_config=root / "serving.toml")
+    store = LocalArtifactStore(settings)
+    for m in (
+        manifest("fraud", "1", FRAUD),
+        manifest("fraud", "2", FRAUD, runtime="torch"),
+        manifest("echo", "1", ECHO),
+    ):
+        asyncio.run(store.put(root / "src", m.model_copy(update={"files": {"model.bin": ""}})))
+    settings.serving_config.write_text(
+        '[models.fraud]\nversion = "1"\n[models.echo]\nversion = "1"\n'
+    )
+    return settings
+
+
+@pytest.fixture
+def topics(
+    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
+) -> TopicSettings:
+    settings = TopicSettings(
+        requests=new_topic("it-gw-requests", 4),
+        results=new_topic("it-gw-results", 4),
+        replies=new_topic("it-gw-replies", 4),
+        reply_partitions=4,
+    )
+    with RegistryHttp(registry_settings) as registry:
+        subjects = {
+            f"{settings.requests}-value": INFERENCE_REQUEST,
+            f"{settings.results}-value": INFERENCE_RESULT,
+        }
+        list(register_all(registry, subjects))
+    return settings
+
+
+@pytest.fixture
+def worker(
+    kafka_settings: KafkaSettings, topics: TopicSettings, registry_settings: SchemaRegistrySettings
+) -> Iterator[FakeWorker]:
+    fake = FakeWorker(kafka_settings, topics, registry_settings).start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def start_gateway(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    models: ModelSettings,
+    registry_settings: SchemaRegistrySettings,
+) -> Iterator[Callable[..., GatewayServer]]:
+    started: list[GatewayServer] = []
+
+    def start(**gateway: Any) -> GatewayServer:
+        config = GatewayConfig(
+            gateway=GatewaySettings(replica_id=unique("replica"), **gateway),
+            kafka=kafka_settings,
+            topics=topics,
+            registry=registry_settings,
+            models=models,
+        )
+        server = GatewayServer(config)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def fraud_body(rows: int = 2, **extra: Any) -> dict[str, Any]:
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()
+    return {
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
+        **extra,
+    }
+
+
+def poll_result(server: GatewayServer, request_id: str) -> httpx.Response:
+    def probe() -> httpx.Response | None:
+        resp = server.http.get(f"/v2/requests/{request_id}")
+        return resp if resp.status_code != 202 else None
+
+    return wait_for(probe, timeout=20, what=f"the result of {request_id}")
+
+
+def test_sync_infer_through_kafka(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    gateway = start_gateway()
+    resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body(id=unique("sync")))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["model_version"] == "1"
+    assert body["outputs"][0]["data"] == [6, 3, 22, 7]
+    (request,) = worker.seen
+    assert request["request_id"] == body["id"]
+    assert request["model_version"] is None
+    reply_to = gateway.runtime.services.feed.reply_to()
+    assert request["reply_to"] == reply_to
+
+
+def test_tritonclient_unmodified(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    gateway = start_gateway()
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{gateway.port}")
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        assert client.is_model_ready("fraud")
+        assert client.get_model_metadata("fraud")["platform"] == "onnxruntime_onnx"
+
+        features = np.arange(8, dtype=np.float32).reshape(2, 4)
+        fp32 = httpclient.InferInput("features", [2, 4], "FP32")
+        fp32.set_data_from_numpy(features)  # binary_data=True by default
+        result = client.infer("fraud", [fp32], model_version="2", request_id=unique("triton"))
+        np.testing.assert_array_equal(result.as_numpy("probabilities"), [[6, 3], [22, 7]])
+        assert result.get_response()["model_version"] == "2"
+
+        words = np.array([b"kafka", "ströme".encode()], dtype=object)
+        text = httpclient.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(words)
+        echoed = client.infer("echo", [text]).as_numpy("echo")
+        assert list(echoed) == [b"KAFKA", "STRöME".encode()]
+
+        json_out = client.infer(
+            "echo", [text], outputs=[httpclient.InferRequestedOutput("echo", binary_data=False)]
+        )
+        assert "data" in json_out.get_output("echo"), "asked for JSON, not binary"
+        assert list(json_out.as_numpy("echo")) == ["KAFKA", "STRöME"]
+
+        bad = httpclient.InferInput("features", [2, 3], "FP32")
+        bad.set_data_from_numpy(np.zeros((2, 3), dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="features") as exc:
+            client.infer("fraud", [bad])
+        assert exc.value.status() == "400"
+    finally:
+        client.close()
+
+
+def test_timeout_then_result_by_id(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    gateway = start_gateway()
+    request_id = unique("slow")
+    resp = gateway.http.post(
+        "/v2/models/fraud/infer",
+        json=fraud_body(id=request_id, parameters={"fake_delay_s": 1.5}),
+        headers={"Request-Timeout": "0.3"},
+    )
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["request_id"] == request_id
+    assert resp.headers["location"] == f"/v2/requests/{request_id}"
+    late = poll_result(gateway, request_id)
+    assert late.status_code == 200, late.text
+    assert late.json()["outputs"][0]["data"] == [6, 3, 22, 7]
+
+
+def test_async_flow(start_gateway: Callable[..., GatewayServer], worker: FakeWorker) -> None:
+    gateway = start_gateway()
+    resp = gateway.http.post(
+        "/v2/models/fraud/infer",
+        json=fraud_body(parameters={"fake_delay_s": 1.0}),
+        headers={"Prefer": "respond-async"},
+    )
+    assert resp.status_code == 202, resp.text
+    location = resp.headers["location"]
+    assert gateway.http.get(location).status_code == 202
+    done = poll_result(gateway, resp.json()["id"])
+    assert done.status_code == 200, done.text
+    assert done.json()["id"] == resp.json()["id"]
+    assert gateway.http.get("/v2/requests/never-published").status_code == 404
+
+
+def record_id(ids: list[str], result: dict[str, Any]) -> None:
+    ids.append(str(result["request_id"]))
+
+
+def test_replicas_receive_only_their_own_replies(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    replicas = [start_gateway(), start_gateway()]
+    seen: list[list[str]] = [[], []]
+    for replica, ids in zip(replicas, seen, strict=True):
+        replica.runtime.router.listeners.append(functools.partial(record_id, ids))
+    partitions = {r.runtime.services.feed.reply_to()["partition"] for r in replicas}  # type: ignore[index]
+    assert len(partitions) == 2, "each replica leases its own partition"
+
+    sent: list[list[str]] = [[], []]
+    for i in range(6):
+        replica, mine = replicas[i % 2], sent[i % 2]
+        resp = replica.http.post("/v2/models/fraud/infer", json=fraud_body(id=unique("rep")))
+        assert resp.status_code == 200, resp.text
+        mine.append(resp.json()["id"])
+    assert seen == sent, "a replica's consumer saw another replica's reply"
+
+
+def test_replica_that_cannot_hold_a_lease_is_not_ready(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker, topics: TopicSettings
+) -> None:
+    gateway = start_gateway(reply_lease_s=2)
+    client = redis.Redis.from_url(RedisSettings().url)
+    keys = [lease_key(topics.replies, p) for p in range(topics.reply_partitions)]
+    try:
+        for key in keys:
+            client.set(key, "intruder", px=60_000)
+        wait_for(
+            lambda: gateway.http.get("/v2/health/ready").status_code == 503,
+            timeout=10,
+            what="the replica to notice its lost lease",
+        )
+        assert gateway.http.post("/v2/models/fraud/infer", json=fraud_body()).status_code == 503
+    finally:
+        client.delete(*keys)
+        client.close()
+    wait_for(
+        lambda: gateway.http.get("/v2/health/ready").status_code == 200,
+        timeout=10,
+        what="the replica to lease a partition again",
+    )
+    resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body())
+    assert resp.status_code == 200, resp.text

@@ -1,0 +1,515 @@
+"""The worker against the real Kafka and schema registry, with unique topics and groups per test.
+
+Models are a tiny ONNX graph (MatMul + Softmax) put into a temporary artifact store and served by
+the real runtime; the isolation test swaps in a runtime that fails on NaN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from agents.loaded import LoadedModel, ModelCache, store_loader
+from agents.manifest import Manifest
+from agents.runtime.base import Arrays, ModelRuntime
+from agents.service import InferenceService
+from agents.serving import ServingResolver
+from agents.signature import Signature, TensorSpec
+from agents.store import LocalArtifactStore
+from agents.worker import InferenceWorker
+from schemas import (
+    DEAD_LETTER_ENVELOPE,
+    INFERENCE_REQUEST,
+    INFERENCE_RESULT,
+    AvroDecoder,
+    AvroEncoder,
+    load_schema,
+)
+from schemas.catalog import topic_subjects
+from schemas.registration import RegistryHttp, register_all
+from tests.support import free_port, unique, wait_for
+from tidegate.errors import ModelExecutionError
+from tidegate.kafka import make_consumer, make_producer
+from tidegate.settings import (
+    KafkaSettings,
+    ModelSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+    WorkerSettings,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SIGNATURE = Signature(
+    inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),
+    outputs=(TensorSpec(name="probabilities", datatype="FP32", shape=(-1, 2)),),
+)
+
+
+def build_tiny_model(store_dir: Path) -> ModelSettings:
+    """Put `tiny` version 1 (softmax(x @ W)) into a fresh store; serve it from a fresh table."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.array([[1, -1], [0.5, 0], [0, 0.5], [-1, 1]], dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["features", "W"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])],
+        [numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    source = store_dir / "source"
+    source.mkdir(parents=True)
+    onnx.save(model, str(source / "model.onnx"))
+    settings = ModelSettings(
+        store_dir=store_dir / "store", serving_config=store_dir / "serving.toml"
+    )
+    manifest = Manifest(
+        name="tiny",
+        version="1",
+        runtime="onnx",
+        entrypoint="model.onnx",
+        files={"model.onnx": ""},
+        signature=SIGNATURE,
+    )
+    asyncio.run(LocalArtifactStore(settings).put(source, manifest))
+    settings.serving_config.write_text('[models.tiny]\nversion = "1"\n')
+    return settings
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
+    return build_tiny_model(tmp_path_factory.mktemp("models"))
+
+
+@dataclass
+class Stack:
+    kafka: KafkaSettings
+    topics: TopicSettings
+    registry: SchemaRegistrySettings
+    group: str
+    encoder: AvroEncoder
+    results: AvroDecoder
+    letters: AvroDecoder
+
+    def env(self, models: ModelSettings, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TIDEGATE_TOPICS_REQUESTS": self.topics.requests,
+            "TIDEGATE_TOPICS_RESULTS": self.topics.results,
+            "TIDEGATE_TOPICS_FAILED": self.topics.failed,
+            "TIDEGATE_TOPICS_POISON": self.topics.poison,
+            "TIDEGATE_WORKER_GROUP_ID": self.group,
+            "TIDEGATE_WORKER_METRICS_PORT": "0",
+            "TIDEGATE_MODELS_STORE_DIR": str(models.store_dir),
+            "TIDEGATE_MODELS_SERVING_CONFIG": str(models.serving_config),
+            "PYTHONPATH": str(ROOT),
+            **extra,
+        }
+
+
+@pytest.fixture
+def stack(admin: AdminClient, kafka_settings: KafkaSettings) -> Iterator[Stack]:
+    topics = TopicSettings(
+        requests=unique("w-requests"),
+        results=unique("w-results"),
+        replies=unique("w-replies"),
+        failed=unique("w-failed"),
+        poison=unique("w-poison"),
+    )
+    names = [topics.requests, topics.results, topics.replies, topics.failed, topics.poison]
+    new = [NewTopic(n, num_partitions=4, replication_factor=1) for n in names]
+    for future in admin.create_topics(new).values():
+        future.result(timeout=30)
+    registry = SchemaRegistrySettings()
+    with RegistryHttp(registry) as http:
+        list(register_all(http, topic_subjects(topics)))
+    client = SchemaRegistryClient(registry.client_config())
+    yield Stack(
+        kafka_settings,
+        topics,
+        registry,
+        unique("w-group"),
+        AvroEncoder(client, load_schema(INFERENCE_REQUEST)),
+        AvroDecoder(client, load_schema(INFERENCE_RESULT)),
+        AvroDecoder(client, load_schema(DEAD_LETTER_ENVELOPE)),
+    )
+    for future in admin.delete_topics(names).values():
+        future.result(timeout=30)
+
+
+def request(
+    rid: str, key: str, features: list[float] | None = None, **extra: Any
+) -> dict[str, Any]:
+    values = features if features is not None else [1.0, 2.0, 3.0, 4.0]
+    return {
+        "request_id": rid,
+        "model": "tiny",
+        "routing_key": key,
+        "inputs": [
+            {
+                "name": "features",
+                "datatype": "FP32",
+                "shape": [1, 4],
+                "data": struct.pack("<4f", *values),
+                "parameters": {},
+            }
+        ],
+        "created_at": datetime.now(UTC),
+        **extra,
+    }
+
+
+def publish(stack: Stack, items: Sequence[dict[str, Any] | tuple[str, bytes]]) -> None:
+    """Requests are encoded; (key, bytes) pairs go out as they are."""
+    producer = make_producer(stack.kafka)
+    schema_id = stack.encoder.schema_id(f"{stack.topics.requests}-value")
+    for item in items:
+        if isinstance(item, tuple):
+            key, value = item
+        else:
+            key, value = item["routing_key"], stack.encoder.encode(item, schema_id)
+        producer.produce(stack.topics.requests, key=key, value=value)
+    assert producer.flush(30) == 0
+
+
+class Reader:
+    """Reads a topic from the beginning of every partition."""
+
+    def __init__(self, stack: Stack, topic: str) -> None:
+        self.consumer: Consumer = make_consumer(stack.kafka, unique("w-reader"))
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(4)])
+        self.records: list[tuple[Any, int]] = []
+        self._decode = (
+            stack.letters if topic in (stack.topics.failed, stack.topics.poison) else stack.results
+        )
+
+    def poll(self) -> list[tuple[Any, int]]:
+        for msg in self.consumer.consume(num_messages=500, timeout=0.2):
+            if not msg.error():
+                self.records.append((self._decode(msg.value()), msg.partition() or 0))
+        return self.records
+
+    def until(self, count: int, timeout: float = 60.0) -> list[Any]:
+        wait_for(lambda: len(self.poll()) >= count, timeout=timeout, what=f"{count} records")
+        return [r for r, _ in self.records]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@asynccontextmanager
+async def running_worker(
+    stack: Stack, service: InferenceService, **settings: Any
+) -> AsyncIterator[InferenceWorker]:
+    await service.start()
+    worker = InferenceWorker(
+        service,
+        settings=WorkerSettings(group_id=stack.group, metrics_port=0, **settings),
+        kafka=stack.kafka,
+        topics=stack.topics,
+        registry=stack.registry,
+    )
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+        await service.stop()
+
+
+def real_service(models: ModelSettings) -> InferenceService:
+    resolver = ServingResolver({"tiny": "1"}, LocalArtifactStore(models))
+    return InferenceService(resolver, ModelCache(store_loader(models)), worker_id="it")
+
+
+async def in_thread(fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)
+
+
+async def test_bad_input_never_blocks_its_partition(stack: Stack, models: ModelSettings) -> None:
+    late = datetime.now(UTC) - timedelta(seconds=5)
+    bad_tensor = request("short", "k")
+    bad_tensor["inputs"][0]["data"] = b"\x00\x01\x02"
+    publish(
+        stack,
+        [
+            ("k", b"\x07not avro at all"),
+            ("k", b"\x00\x00\x0f\x42\x3f" + b"\x02xx"),  # magic 0, schema id 999999
+            bad_tensor,
+            request("late", "k", deadline=late),
+            request("fine", "k"),
+        ],
+    )
+    poison, results = Reader(stack, stack.topics.poison), Reader(stack, stack.topics.results)
+    async with running_worker(stack, real_service(models)):
+        got = {r["request_id"]: r for r in await in_thread(results.until, 3)}
+        letters = await in_thread(poison.until, 3)
+    assert got["fine"]["status"] == "OK"
+    assert got["fine"]["model_version"] == "1"
+    assert got["late"]["status"] == "DEADLINE_EXCEEDED"
+    assert got["late"]["timings"]["compute_ms"] == 0.0
+    assert got["late"]["batch_size"] == 0
+    assert got["short"]["status"] == "INVALID"
+    assert got["short"]["error"]["field"] == "features"
+    codes = [e["error"]["code"] for e in letters]
+    assert codes == ["WIRE_FORMAT", "UNKNOWN_SCHEMA", "INVALID_INPUT"]
+    assert letters[0]["original_value"] == b"\x07not avro at all"
+    assert "magic byte" in letters[0]["error"]["message"]
+    assert letters[1]["error"]["error_class"] == "UnknownSchemaError"
+    assert letters[2]["request_id"] == "short"
+    assert {e["source"]["topic"] for e in letters} == {stack.topics.requests}
+    poison.close()
+    results.close()
+
+
+class NanFailingRuntime(ModelRuntime):
+    """Sums each row; a NaN anywhere in the call fails the whole call, like a picky model."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    async def load(self, package: Any) -> None:
+        """Nothing to load."""
+
+    async def infer(self, inputs: Arrays) -> dict[str, Any]:
+        x = inputs["features"]
+        self.calls.append(len(x))
+        if np.isnan(x).any():
+            raise ModelExecutionError("NaN in the input")
+        total = x.sum(axis=1, keepdims=True, dtype=np.float32)
+        return {"probabilities": np.concatenate([total, -total], axis=1)}
+
+
+async def test_a_failing_input_does_not_fail_its_batch_mates(
+    stack: Stack, models: ModelSettings
+) -> None:
+    runtime = NanFailingRuntime()
+
+    async def loader(name: str, version: str) -> LoadedModel:
+        return LoadedModel(name, version, SIGNATURE, runtime)
+
+    service = InferenceService(
+        ServingResolver({"tiny": "1"}, LocalArtifactStore(models)),
+        ModelCache(loader),
+        worker_id="it",
+    )
+    batch = [request(f"r{i}", "same-key", [float("nan")] * 4 if i == 3 else None) for i in range(8)]
+    publish(stack, batch)
+    results, failed = Reader(stack, stack.topics.results), Reader(stack, stack.topics.failed)
+    async with running_worker(stack, service, max_batch_size=8, max_batch_delay_ms=200):
+        got = {r["request_id"]: r for r in await in_thread(results.until, 8)}
+        (envelope,) = await in_thread(failed.until, 1)
+    assert got.pop("r3")["status"] == "ERROR"
+    assert {r["status"] for r in got.values()} == {"OK"}
+    assert runtime.calls[0] == 8, "the batch was not formed"
+    assert envelope["request_id"] == "r3"
+    assert envelope["error"]["code"] == "MODEL_ERROR"
+    assert envelope["attempt"] > 1
+    assert envelope["source"]["topic"] == stack.topics.requests
+    assert stack.letters  # decoded with the envelope schema
+    results.close()
+    failed.close()
+
+
+async def test_keyed_requests_get_results_in_per_key_order(
+    stack: Stack, models: ModelSettings
+) -> None:
+    keys = [f"card-{k}" for k in range(10)]
+    reply = {"topic": stack.topics.replies, "partition": 3}
+    batch = [
+        request(
+            f"{keys[i % 10]}/{i // 10:03d}", keys[i % 10], reply_to=reply if i % 4 == 0 else None
+        )
+        for i in range(200)
+    ]
+    publish(stack, batch)
+    results, replies = Reader(stack, stack.topics.results), Reader(stack, stack.topics.replies)
+    async with running_worker(stack, real_service(models)):
+        got = await in_thread(results.until, 200)
+        replied = await in_thread(replies.until, 50)
+    assert len({r["request_id"] for r in got}) == 200
+    assert {r["status"] for r in got} == {"OK"}
+    for key in keys:
+        seq = [r["request_id"] for r in got if r["routing_key"] == key]
+        assert seq == sorted(seq), f"results of {key} out of order"
+    by_key_partition = {r["routing_key"]: p for r, p in results.records}
+    assert len(by_key_partition) == 10  # every key's results share one partition
+    assert {p for _, p in replies.records} == {3}
+    assert {r["request_id"] for r in replied} == {b["request_id"] for b in batch[::4]}
+    results.close()
+    replies.close()
+
+
+def committed(stack: Stack) -> int:
+    consumer = make_consumer(stack.kafka, stack.group)
+    try:
+        tps = consumer.committed(
+            [TopicPartition(stack.topics.requests, p) for p in range(4)], timeout=10
+        )
+        return sum(max(tp.offset, 0) for tp in tps)
+    finally:
+        consumer.close()
+
+
+def start_worker(stack: Stack, models: ModelSettings, **env: str) -> subprocess.Popen[bytes]:
+    code = "import typer; from tidegate.cli.worker import worker; typer.run(worker)"
+    log = (models.store_dir.parent / f"{unique('worker')}.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=stack.env(models, **env),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+
+def test_a_restarted_worker_loses_nothing_and_sigterm_commits(
+    stack: Stack, models: ModelSettings
+) -> None:
+    port = free_port()
+    publish(stack, [request(f"a{i}", f"k{i % 7}") for i in range(100)])
+    results = Reader(stack, stack.topics.results)
+    worker = start_worker(stack, models, TIDEGATE_WORKER_METRICS_PORT=str(port))
+    try:
+        results.until(100, timeout=90)
+        body = wait_for(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode(),
+            what="/metrics",
+        )
+        assert 'tidegate_worker_requests_total{model="tiny",status="OK",version="1"} 100.0' in body
+        assert "tidegate_worker_batch_size_bucket" in body
+        assert "tidegate_worker_consumer_lag" in body
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert committed(stack) == 100, "a graceful stop must commit everything it delivered"
+
+    publish(stack, [request(f"b{i}", f"k{i % 7}") for i in range(100)])
+    worker = start_worker(stack, models)
+    try:
+        got = results.until(200, timeout=90)
+        wait_for(lambda: committed(stack) == 200, what="the commit of the second run")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    ids = [r["request_id"] for r in got]
+    assert len(ids) == len(set(ids)) == 200, "the restart redid or lost requests"
+    results.close()
+
+
+def test_a_killed_worker_loses_nothing(stack: Stack, models: ModelSettings) -> None:
+    results = Reader(stack, stack.topics.results)
+    first = start_worker(stack, models, TIDEGATE_WORKER_WORKER_ID="first")
+    second = start_worker(stack, models, TIDEGATE_WORKER_WORKER_ID="second")
+    ids: list[str] = []
+
+    def wave() -> None:
+        batch = [request(f"w{len(ids) // 40:03d}-{i}", f"k{i % 16}") for i in range(40)]
+        ids.extend(b["request_id"] for b in batch)
+        publish(stack, batch)
+
+    def serving() -> set[str]:
+        wave()
+        time.sleep(0.3)
+        return {r["worker_id"] for r, _ in results.poll()}
+
+    try:
+        wait_for(lambda: {"first", "second"} <= serving(), timeout=90, what="both workers serving")
+        before = {r["source"]["partition"] for r, _ in results.records if r["worker_id"] == "first"}
+        killed_at = len(ids)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        for _ in range(5):
+            wave()
+            time.sleep(0.2)
+        wanted = set(ids)
+        wait_for(
+            lambda: wanted <= {r["request_id"] for r, _ in results.poll()},
+            timeout=90,
+            what="a result for every request",
+        )
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (first, second):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    later = set(ids[killed_at:])
+    after = {
+        r["source"]["partition"]
+        for r, _ in results.records
+        if r["worker_id"] == "second" and r["request_id"] in later
+    }
+    assert before <= after, "the survivor did not take over the killed worker's partitions"
+    results.close()
+
+
+class GatedRuntime(NanFailingRuntime):
+    """Holds every call until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def infer(self, inputs: Arrays) -> dict[str, Any]:
+        await self.gate.wait()
+        return await super().infer(inputs)
+
+
+async def test_consumption_pauses_at_max_in_flight(stack: Stack, models: ModelSettings) -> None:
+    runtime = GatedRuntime()
+
+    async def loader(name: str, version: str) -> LoadedModel:
+        return LoadedModel(name, version, SIGNATURE, runtime)
+
+    service = InferenceService(
+        ServingResolver({"tiny": "1"}, LocalArtifactStore(models)),
+        ModelCache(loader),
+        worker_id="it",
+    )
+    publish(stack, [request(f"p{i}", f"k{i % 8}") for i in range(120)])
+    results = Reader(stack, stack.topics.results)
+    async with running_worker(stack, service, max_in_flight=20, max_batch_size=4) as worker:
+
+        def in_flight() -> int:
+            return sum(p.tracker.in_flight for p in worker._pipelines.values())
+
+        deadline = time.monotonic() + 2.0
+        peak = 0
+        while time.monotonic() < deadline:
+            peak = max(peak, in_flight())
+            await asyncio.sleep(0.02)
+        assert 0 < peak <= 20, f"{peak} requests in flight with max_in_flight=20"
+        runtime.gate.set()
+        got = await in_thread(results.until, 120)
+    assert len({r["request_id"] for r in got}) == 120
+    results.close()

@@ -1,0 +1,273 @@
+"""A partition's pipeline without Kafka: delivery order, poison pills, dead letters, commits."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agents.batching import PartitionBatcher
+from agents.decoding import RequestDecoder
+from agents.delivery import Ack
+from agents.offsets import OffsetTracker
+from agents.partition import PartitionPipeline
+from agents.results import Timings, error_result, ok_result
+from agents.tasks import InferenceTask
+from dlq.envelopes import dead_letter, error_info
+from tidegate.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
+from tidegate.settings import TopicSettings
+
+TOPICS = TopicSettings()
+
+
+async def until(probe: Callable[[], bool], within_s: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not probe():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+class Message:
+    def __init__(self, offset: int, value: bytes | None, key: bytes | None = b"k") -> None:
+        self._offset, self._value, self._key = offset, value, key
+
+    def topic(self) -> str:
+        return "requests"
+
+    def partition(self) -> int:
+        return 2
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return [("trace", b"abc")]
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+
+class Publisher:
+    """Records what would be produced and holds each acknowledgement until the test gives it."""
+
+    topics = TOPICS
+
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+        self.letters: list[tuple[str, dict[str, Any]]] = []
+        self.pending: list[Ack] = []
+
+    def encode_result(self, result: dict[str, Any]) -> bytes:
+        self.results.append(result)
+        return str(result["request_id"]).encode()
+
+    def result(self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack) -> int:
+        self.pending.append(ack)
+        return 1
+
+    def dead_letter(
+        self, topic: str, envelope: dict[str, Any], key: bytes | None, ack: Ack
+    ) -> None:
+        self.letters.append((topic, envelope))
+        self.pending.append(ack)
+
+    def ack_all(self) -> None:
+        acks, self.pending = self.pending, []
+        for ack in acks:
+            ack(None, None)  # type: ignore[arg-type]
+
+
+def request(rid: str, data: bytes | None = None) -> dict[str, Any]:
+    return {
+        "request_id": rid,
+        "model": "fraud",
+        "routing_key": None,
+        "inputs": [
+            {
+                "name": "features",
+                "datatype": "FP32",
+                "shape": [1, 2],
+                "data": data if data is not None else struct.pack("<2f", 1, 2),
+                "parameters": {},
+            }
+        ],
+        "created_at": 1_700_000_000_000,
+    }
+
+
+def decode(data: bytes | None, ctx: Any = None) -> dict[str, Any]:
+    """`b"rid"` decodes, `b"short:rid"` has a truncated tensor, anything with `!` is garbage."""
+    text = (data or b"").decode()
+    if "!" in text:
+        raise WireFormatError("unknown magic byte 33; expected 0")
+    if text == "unknown-id":
+        raise UnknownSchemaError(999)
+    if text.startswith("short:"):
+        return request(text[6:], b"\x00\x01\x02")
+    return request(text)
+
+
+async def handler(tasks: Sequence[InferenceTask], waits: Sequence[float]) -> list[dict[str, Any]]:
+    out = []
+    for task in tasks:
+        if task.rejection is not None:
+            out.append(error_result(task, task.rejection, worker_id="w"))
+        elif task.request_id.startswith("fail"):
+            task.attempts = 3
+            out.append(error_result(task, ModelExecutionError("nan"), worker_id="w", version="1"))
+        else:
+            out.append(ok_result(task, [], version="1", timings=Timings(), worker_id="w"))
+    return out
+
+
+async def pipeline(publisher: Publisher) -> PartitionPipeline:
+    fatal: list[BaseException] = []
+    return PartitionPipeline(
+        "requests",
+        2,
+        decoder=RequestDecoder(decode),
+        batcher=PartitionBatcher(handler, max_batch_size=4, max_batch_delay_ms=1),
+        publisher=publisher,  # type: ignore[arg-type]
+        worker_id="w",
+        on_fatal=fatal.append,
+    )
+
+
+async def test_results_go_out_in_offset_order_and_commit_waits_for_every_ack() -> None:
+    publisher = Publisher()
+    pipe = await pipeline(publisher)
+    for offset in range(10):
+        pipe.accept(Message(offset, f"r{offset}".encode()))
+    await until(lambda: len(publisher.results) == 10)
+    assert [r["request_id"] for r in publisher.results] == [f"r{i}" for i in range(10)]
+    assert pipe.tracker.committable() is None, "committed before Kafka acknowledged"
+    acks = publisher.pending
+    acks[3](None, None)  # type: ignore[arg-type]
+    acks[0](None, None)  # type: ignore[arg-type]
+    assert pipe.tracker.committable() == 1
+    for ack in acks[1:3]:
+        ack(None, None)  # type: ignore[arg-type]
+    assert pipe.tracker.committable() == 4
+    assert await pipe.drain(0.05) is False
+    for ack in acks[4:]:
+        ack(None, None)  # type: ignore[arg-type]
+    assert await pipe.drain(1.0) is True
+    assert pipe.tracker.committable() == 10
+    await pipe.close()
+
+
+async def test_poison_is_quarantined_with_its_reason_and_the_next_message_is_served() -> None:
+    publisher = Publisher()
+    pipe = await pipeline(publisher)
+    pipe.accept(Message(0, b"\x21garbage!"))
+    pipe.accept(Message(1, b"unknown-id"))
+    pipe.accept(Message(2, b"after"))
+    await until(lambda: len(publisher.results) == 1)
+    assert publisher.results[0]["request_id"] == "after"
+    (topic, first), (_, second) = publisher.letters
+    assert topic == TOPICS.poison
+    assert first["error"]["code"] == "WIRE_FORMAT"
+    assert first["error"]["error_class"] == "WireFormatError"
+    assert "magic byte" in first["error"]["message"]
+    assert first["original_value"] == b"\x21garbage!"
+    assert first["original_headers"] == [{"key": "trace", "value": b"abc"}]
+    assert first["source"] == {"topic": "requests", "partition": 2, "offset": 0}
+    assert first["request_id"] is None
+    assert second["error"]["code"] == "UNKNOWN_SCHEMA"
+    publisher.ack_all()
+    assert pipe.tracker.committable() == 3
+    await pipe.close()
+
+
+async def test_a_tensor_not_fitting_its_shape_is_poison_and_answered_invalid() -> None:
+    publisher = Publisher()
+    pipe = await pipeline(publisher)
+    pipe.accept(Message(0, b"short:r-bad"))
+    pipe.accept(Message(1, b"r-good"))
+    await until(lambda: len(publisher.results) == 2)
+    bad, good = publisher.results
+    assert bad["status"] == "INVALID"
+    assert bad["error"]["field"] == "features"
+    assert good["status"] == "OK"
+    ((topic, envelope),) = publisher.letters
+    assert topic == TOPICS.poison
+    assert envelope["request_id"] == "r-bad"
+    assert envelope["error"]["code"] == "INVALID_INPUT"
+    assert envelope["error"]["details"] == {"stage": "decode"}
+    await pipe.close()
+
+
+async def test_a_failed_request_gets_an_error_result_and_a_dead_letter() -> None:
+    publisher = Publisher()
+    pipe = await pipeline(publisher)
+    pipe.accept(Message(7, b"fail-1"))
+    await until(lambda: len(publisher.letters) == 1)
+    assert publisher.results[0]["status"] == "ERROR"
+    ((topic, envelope),) = publisher.letters
+    assert topic == TOPICS.failed
+    assert envelope["attempt"] == 3
+    assert envelope["error"]["code"] == "MODEL_ERROR"
+    assert envelope["original_value"] == b"fail-1"
+    assert envelope["model"] == "fraud"
+    assert envelope["worker_id"] == "w"
+    assert len(publisher.pending) == 2
+    publisher.ack_all()
+    assert pipe.tracker.committable() == 8
+    await pipe.close()
+
+
+def test_the_tracker_commits_only_the_done_prefix() -> None:
+    tracker = OffsetTracker()
+    for offset in (5, 6, 9):  # gaps: compacted or transaction markers
+        tracker.consumed(offset)
+    tracker.expect(6, 2)
+    tracker.done(9)
+    tracker.done(6)
+    assert tracker.committable() is None
+    tracker.done(5)
+    assert tracker.committable() == 6
+    assert tracker.committable() is None
+    tracker.done(6)
+    tracker.done(6)
+    assert tracker.committable() == 10
+    assert tracker.in_flight == 0
+
+
+def test_envelopes_carry_the_error_tree() -> None:
+    info = error_info(WireFormatError("bad frame"))
+    assert info == {
+        "code": "WIRE_FORMAT",
+        "message": "bad frame",
+        "error_class": "WireFormatError",
+        "retriable": False,
+        "field": None,
+        "details": {},
+    }
+    assert error_info(ValueError("x"))["code"] == "INTERNAL"
+    envelope = dead_letter(
+        source={"topic": "t", "partition": 0, "offset": 1},
+        error=info,
+        key=None,
+        value=b"v",
+        headers=None,
+        timestamp_ms=None,
+        failed_at_ms=10,
+    )
+    assert envelope["first_failed_at"] == 10
+    assert envelope["attempt"] == 1
+
+
+async def test_closing_abandons_what_is_not_delivered() -> None:
+    publisher = Publisher()
+    pipe = await pipeline(publisher)
+    pipe.accept(Message(0, b"r0"))
+    await asyncio.sleep(0)
+    await pipe.close()
+    assert pipe.tracker.committable() is None
