@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,7 @@ from schemas import (
 )
 from tests.e2e.conftest import Pipeline
 from tests.support import unique, wait_for
-from tidegate.kafka import make_consumer, make_producer
+from tidegate.kafka import consume_ready, make_consumer, make_producer
 from tidegate.settings import KafkaSettings, ModelSettings, SchemaRegistrySettings
 
 RNG = np.random.default_rng(7)
@@ -45,71 +46,53 @@ def _fraud_session() -> ort.InferenceSession:
     )
 
 
-def _collect(topic: str, schema: str, ids: set[str], timeout: float = 120) -> list[tuple[Any, Any]]:
-    """(message, record) for every record on `topic` whose request_id is in `ids`, read until
-    each id was seen at least once."""
+def _scan(
+    topic: str, schema: str, keep: Callable[[Any, dict[str, Any]], bool], enough: Callable[[], bool]
+) -> list[tuple[Any, dict[str, Any]]]:
+    """(message, record) for the records of `topic` that `keep` accepts, read from the start until
+    `enough()` says so."""
     consumer = make_consumer(KafkaSettings(), unique("e2e-reader"))
     consumer.subscribe([topic])
     decoder = AvroDecoder(_registry(), load_schema(schema))
-    seen: list[tuple[Any, Any]] = []
-    missing = set(ids)
+    kept: list[tuple[Any, dict[str, Any]]] = []
 
     def more() -> bool:
-        for msg in consumer.consume(num_messages=500, timeout=0.5):
-            if msg.error():
-                continue
-            record = decoder(msg.value())
-            if record.get("request_id") in ids:
-                seen.append((msg, record))
-                missing.discard(record["request_id"])
-        return not missing
+        for msg in consume_ready(consumer, 500, 0.5):
+            if not msg.error() and keep(msg, record := decoder(msg.value())):
+                kept.append((msg, record))
+        return enough()
 
     try:
-        wait_for(more, timeout=timeout, interval=0, what=f"{len(missing)} ids on {topic}")
+        wait_for(more, timeout=120, interval=0, what=f"records on {topic}")
     finally:
         consumer.close()
-    return seen
+    return kept
 
 
-def _find(topic: str, schema: str, request_id: str, timeout: float = 90) -> dict[str, Any]:
-    """The first record on `topic` whose request_id is `request_id`."""
-    consumer = make_consumer(KafkaSettings(), unique("e2e-finder"))
-    consumer.subscribe([topic])
-    decoder = AvroDecoder(_registry(), load_schema(schema))
-    found: dict[str, Any] = {}
+def _collect(topic: str, schema: str, ids: set[str]) -> list[tuple[Any, dict[str, Any]]]:
+    """Every record whose request_id is in `ids`, read until each id was seen at least once."""
+    missing = set(ids)
 
-    def seen() -> bool:
-        for msg in consumer.consume(num_messages=500, timeout=0.5):
-            if not msg.error():
-                record = decoder(msg.value())
-                if record.get("request_id") == request_id:
-                    found.update(record)
-        return bool(found)
+    def keep(_msg: Any, record: dict[str, Any]) -> bool:
+        missing.discard(record.get("request_id", ""))
+        return record.get("request_id") in ids
 
-    try:
-        wait_for(seen, timeout=timeout, interval=0, what=f"{request_id} on {topic}")
-    finally:
-        consumer.close()
-    return found
+    return _scan(topic, schema, keep, lambda: not missing)
 
 
-def _find_envelope(topic: str, key: bytes, timeout: float = 90) -> dict[str, Any]:
-    consumer = make_consumer(KafkaSettings(), unique("e2e-dlq"))
-    consumer.subscribe([topic])
-    decoder = AvroDecoder(_registry(), load_schema(DEAD_LETTER_ENVELOPE))
-    found: dict[str, Any] = {}
+def _find(topic: str, schema: str, request_id: str) -> dict[str, Any]:
+    return _collect(topic, schema, {request_id})[0][1]
 
-    def seen() -> bool:
-        for msg in consumer.consume(num_messages=100, timeout=0.5):
-            if not msg.error() and (envelope := decoder(msg.value()))["original_key"] == key:
-                found.update(envelope)
-        return bool(found)
 
-    try:
-        wait_for(seen, timeout=timeout, interval=0, what=f"an envelope keyed {key!r}")
-    finally:
-        consumer.close()
-    return found
+def _find_envelope(topic: str, key: bytes) -> dict[str, Any]:
+    seen: list[bool] = []
+
+    def keep(_msg: Any, record: dict[str, Any]) -> bool:
+        if record["original_key"] == key:
+            seen.append(True)
+        return bool(seen)
+
+    return _scan(topic, DEAD_LETTER_ENVELOPE, keep, lambda: bool(seen))[0][1]
 
 
 def _request(model: str, inputs: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
