@@ -22,15 +22,15 @@ import numpy as np
 
 from tests.support import unique
 from tidegate.cli.demo import TEXTS, fraud_body, fraud_record, minilm_body, minilm_record
-from tidegate.loadgen import LoadResult, http_load, kafka_load
+from tidegate.loadgen import KafkaLoad, LoadResult, http_load
 
 __all__ = ["run"]
 
 STEP_S = 6.0
 BARS = {"fraud": 0.100, "minilm": 1.0}
 RATES = {
-    "fraud": [250, 500, 1000, 1500, 2000, 3000, 4000, 6000],
-    "minilm": [20, 40, 60, 80, 100, 130, 160, 200],
+    "fraud": [250, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000],
+    "minilm": [20, 40, 80, 120, 160, 180, 200, 220, 250],
 }
 
 
@@ -122,10 +122,10 @@ def _sweep(model: str, attempt: Callable[[float], LoadResult]) -> tuple[float, l
     return best, runs
 
 
-def _kafka_attempt(model: str, tag: str, rate: float) -> LoadResult:
+def _kafka_attempt(load: KafkaLoad, model: str, tag: str, rate: float) -> LoadResult:
     make = fraud_record if model == "fraud" else minilm_record
     run_tag = f"{tag}-{rate:g}"
-    return kafka_load(
+    return load.run(
         f"kafka {model}",
         lambda i: make(i, run_tag),
         rate=rate,
@@ -167,16 +167,18 @@ def run() -> None:
             wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
         wait_http(f"{base}/v2/health/ready", children[2], 120)
         sustained: dict[str, float] = {}
-        for model in ("fraud", "minilm"):
-            print(f"pipeline: Kafka path, {model}")
-            _kafka_attempt(model, unique("warm"), 50.0)
-            sustained[f"kafka {model}"], _ = _sweep(
-                model, functools.partial(_kafka_attempt, model, unique("b"))
-            )
-            print(f"pipeline: HTTP path, {model}")
-            sustained[f"http {model}"], _ = _sweep(
-                model, functools.partial(_http_attempt, model, base)
-            )
+        load = KafkaLoad()
+        load.start(lambda i: fraud_record(i, unique("warm")))
+        with load:
+            for model in ("fraud", "minilm"):
+                print(f"pipeline: Kafka path, {model}")
+                sustained[f"kafka {model}"], _ = _sweep(
+                    model, functools.partial(_kafka_attempt, load, model, unique("b"))
+                )
+                print(f"pipeline: HTTP path, {model}")
+                sustained[f"http {model}"], _ = _sweep(
+                    model, functools.partial(_http_attempt, model, base)
+                )
     finally:
         for child in children:
             child.stop()

@@ -90,7 +90,7 @@ def demo(
     from rich.progress import Progress
     from rich.table import Table
 
-    from tidegate.loadgen import LoadResult, http_load, kafka_load
+    from tidegate.loadgen import KafkaLoad, LoadResult, http_load
     from tidegate.procs import spawn, stop_recorded, wait_http
     from tidegate.settings import GatewaySettings
 
@@ -118,7 +118,9 @@ def demo(
             ("HTTP", "minilm", 20.0, int(60 * scale)),
             ("Kafka", "minilm", 40.0, int(100 * scale)),
         ]
-        with Progress(console=console) as progress:
+        kafka = KafkaLoad()
+        kafka.start(functools.partial(_with_run, fraud_record, f"{run}-warm"))
+        with kafka, Progress(console=console) as progress:
             for path, model, rate, count in plan:
                 task = progress.add_task(f"{path:<5} {model}", total=count)
 
@@ -137,7 +139,7 @@ def demo(
                 else:
                     make = fraud_record if model == "fraud" else minilm_record
                     results.append(
-                        kafka_load(
+                        kafka.run(
                             label,
                             functools.partial(_with_run, make, run),
                             rate=rate,
