@@ -12,6 +12,7 @@ or returns a different number of results than it was given, with the same except
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -177,21 +178,19 @@ class PartitionBatcher(Generic[T, R]):
         observer: BatchObserver | None = None,
     ) -> None:
         check_knobs(max_batch_size, max_batch_delay_ms)
-        self._handler = handler
-        self._max = max_batch_size
-        self._delay_ms = max_batch_delay_ms
-        self._observer = observer
+        self._new_queue = functools.partial(
+            BatchQueue[T, R],
+            handler,
+            max_batch_size=max_batch_size,
+            max_batch_delay_ms=max_batch_delay_ms,
+            observer=observer,
+        )
         self._queues: dict[Hashable, BatchQueue[T, R]] = {}
 
     def submit(self, partition: Hashable, item: T) -> asyncio.Future[R]:
         queue = self._queues.get(partition)
         if queue is None:
-            queue = BatchQueue(
-                self._handler,
-                max_batch_size=self._max,
-                max_batch_delay_ms=self._delay_ms,
-                observer=self._observer,
-            )
+            queue = self._new_queue()
             queue.start()
             self._queues[partition] = queue
         return queue.submit(item)

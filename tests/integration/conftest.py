@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from tests.integration.fakes import FakeWorker
 from tests.support import unique
 from tidegate.kafka import make_admin
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings
+from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,3 +58,13 @@ def new_topic(admin: AdminClient) -> Iterator[Callable[..., str]]:
     if created:
         for future in admin.delete_topics(created).values():
             future.result(timeout=30)
+
+
+@pytest.fixture
+def worker(
+    kafka_settings: KafkaSettings, topics: TopicSettings, registry_settings: SchemaRegistrySettings
+) -> Iterator[FakeWorker]:
+    """A fake worker answering on the test module's own `topics` (each module defines that)."""
+    fake = FakeWorker(kafka_settings, topics, registry_settings).start()
+    yield fake
+    fake.stop()

@@ -12,7 +12,6 @@ import asyncio
 import functools
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,9 +21,6 @@ import pytest
 import redis
 import tritonclient.http as httpclient
 import uvicorn
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.serialization import MessageField, SerializationContext
 from tritonclient.utils import InferenceServerException
 
 from agents.store import LocalArtifactStore
@@ -32,12 +28,9 @@ from gateway.app import create_app
 from gateway.lease import lease_key
 from gateway.runtime import GatewayRuntime
 from gateway.services import GatewayConfig
-from schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder, load_schema
-from schemas.registration import RegistryHttp, register_all
+from tests.integration.fakes import FakeWorker, register_subjects
 from tests.support import unique, wait_for
-from tests.unit.test_gateway_app import ECHO, FRAUD, compute, manifest
-from tidegate.kafka import make_consumer, make_producer
-from tidegate.producer import request_key
+from tests.unit.test_gateway_app import ECHO, FRAUD, manifest
 from tidegate.settings import (
     GatewaySettings,
     KafkaSettings,
@@ -46,66 +39,6 @@ from tidegate.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
-
-
-class FakeWorker:
-    """Answers requests from a requests topic, in a thread, like the worker agents would."""
-
-    def __init__(
-        self, kafka: KafkaSettings, topics: TopicSettings, registry: SchemaRegistrySettings
-    ) -> None:
-        self._kafka = kafka
-        self._topics = topics
-        client = SchemaRegistryClient(registry.client_config())
-        self._decoder = AvroDecoder(client, load_schema(INFERENCE_REQUEST))
-        self._encoder = AvroEncoder(client, load_schema(INFERENCE_RESULT))
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
-        self.seen: list[dict[str, Any]] = []
-
-    def start(self) -> FakeWorker:
-        self._schema_id = self._encoder.schema_id(f"{self._topics.results}-value")
-        self._producer = make_producer(self._kafka)
-        # Assigned, not subscribed: the topic is new, and no group join delays the first read.
-        self._consumer = make_consumer(self._kafka, unique("fake-worker"))
-        topic = self._topics.requests
-        meta = self._consumer.list_topics(topic, timeout=10).topics[topic]
-        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(timeout=10)
-        self._producer.flush(10)
-        self._consumer.close()
-
-    def _run(self) -> None:
-        ctx = SerializationContext(self._topics.requests, MessageField.VALUE)
-        due: list[tuple[float, dict[str, Any]]] = []
-        while not self._stopping.is_set():
-            for msg in self._consumer.consume(100, 0.02):
-                if msg.error() is not None:
-                    continue
-                request = self._decoder(msg.value(), ctx)
-                self.seen.append(request)
-                delay = float(request["parameters"].get("fake_delay_s") or 0.0)
-                due.append((time.monotonic() + delay, request))
-            now = time.monotonic()
-            for entry in [entry for entry in due if entry[0] <= now]:
-                due.remove(entry)
-                self._answer(entry[1])
-            self._producer.poll(0)
-
-    def _answer(self, request: dict[str, Any]) -> None:
-        value = self._encoder.encode(compute(request), self._schema_id)
-        key = request_key(request)
-        self._producer.produce(self._topics.results, key=key, value=value)
-        reply_to = request.get("reply_to")
-        if reply_to:
-            self._producer.produce(
-                reply_to["topic"], partition=reply_to["partition"], key=key, value=value
-            )
 
 
 class GatewayServer:
@@ -173,22 +106,8 @@ def topics(
         replies=new_topic("it-gw-replies", 4),
         reply_partitions=4,
     )
-    with RegistryHttp(registry_settings) as registry:
-        subjects = {
-            f"{settings.requests}-value": INFERENCE_REQUEST,
-            f"{settings.results}-value": INFERENCE_RESULT,
-        }
-        list(register_all(registry, subjects))
+    register_subjects(registry_settings, settings)
     return settings
-
-
-@pytest.fixture
-def worker(
-    kafka_settings: KafkaSettings, topics: TopicSettings, registry_settings: SchemaRegistrySettings
-) -> Iterator[FakeWorker]:
-    fake = FakeWorker(kafka_settings, topics, registry_settings).start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

@@ -10,15 +10,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from schemas import INFERENCE_REQUEST, INFERENCE_RESULT
-from schemas.registration import RegistryHttp, register_all
-from tests.integration.test_gateway import FakeWorker
+from tests.integration.fakes import FakeWorker, register_subjects
 from tidegate.errors import ResultTimeoutError
 from tidegate.producer import TidegateProducer
 from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
@@ -33,22 +31,8 @@ def topics(
     settings = TopicSettings(
         requests=new_topic("it-prod-requests", 4), results=new_topic("it-prod-results", 4)
     )
-    subjects = {
-        f"{settings.requests}-value": INFERENCE_REQUEST,
-        f"{settings.results}-value": INFERENCE_RESULT,
-    }
-    with RegistryHttp(registry_settings) as registry:
-        list(register_all(registry, subjects))
+    register_subjects(registry_settings, settings)
     return settings
-
-
-@pytest.fixture
-def worker(
-    kafka_settings: KafkaSettings, topics: TopicSettings, registry_settings: SchemaRegistrySettings
-) -> Iterator[FakeWorker]:
-    fake = FakeWorker(kafka_settings, topics, registry_settings).start()
-    yield fake
-    fake.stop()
 
 
 def test_publish_and_await(
