@@ -13,6 +13,7 @@ from typing import ClassVar
 __all__ = [
     "ArtifactError",
     "ArtifactIntegrityError",
+    "ConcurrencyConflictError",
     "ConfigurationError",
     "DeadlineExceededError",
     "FatalError",
@@ -21,11 +22,15 @@ __all__ = [
     "InvalidCompatibilityLevelError",
     "InvalidInputError",
     "InvalidSchemaError",
+    "InvalidTransitionError",
     "InvalidVersionError",
+    "LifecycleError",
+    "LifecycleUnavailableError",
     "ModelExecutionError",
     "ModelNotFoundError",
     "ModelUnavailableError",
     "OverloadedError",
+    "PromotionGateError",
     "RegistryUnavailableError",
     "ResultTimeoutError",
     "RetriableError",
@@ -220,3 +225,41 @@ class ArtifactIntegrityError(ArtifactError):
     """A file's sha256 does not match its manifest."""
 
     code = "ARTIFACT_INTEGRITY"
+
+
+class LifecycleError(FatalError):
+    """A model lifecycle event or command is malformed."""
+
+    code = "LIFECYCLE"
+
+
+class ConcurrencyConflictError(LifecycleError):
+    """The stream moved on since it was read: nothing was appended; read again and decide again."""
+
+    code = "CONFLICT"
+
+    def __init__(self, stream: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"model {stream!r} changed concurrently: expected version {expected}, found {actual}"
+        )
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+
+
+class InvalidTransitionError(LifecycleError):
+    """The command does not apply to the current state, e.g. promoting a retired version."""
+
+    code = "INVALID_TRANSITION"
+
+
+class PromotionGateError(InvalidTransitionError):
+    """Shadow agreement is below the promotion gate and `--force` was not given."""
+
+    code = "PROMOTION_GATE"
+
+
+class LifecycleUnavailableError(RetriableError):
+    """The event store (PostgreSQL) cannot be reached right now."""
+
+    code = "LIFECYCLE_UNAVAILABLE"

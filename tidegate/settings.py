@@ -20,6 +20,7 @@ __all__ = [
     "CompatibilityLevel",
     "GatewaySettings",
     "KafkaSettings",
+    "LifecycleSettings",
     "ModelSettings",
     "PostgresSettings",
     "RedisSettings",
@@ -110,6 +111,10 @@ class TopicSettings(BaseSettings):
     )
     lifecycle: str = Field("model-lifecycle", description="Event log of the model lifecycle.")
     audit: str = Field("audit-log", description="Audit trail of operator actions.")
+    shadow: str = Field(
+        "shadow-comparisons",
+        description="Per-request comparisons of a shadow version's outputs with the primary's.",
+    )
     partitions: int = Field(
         32, ge=1, le=10_000, description="Partition count of the requests and results topics."
     )
@@ -193,12 +198,18 @@ class PostgresSettings(BaseSettings):
     user: str = Field("tidegate", description="Role to connect as.")
     password: SecretStr = Field(SecretStr("tidegate"), description="Password of the role.")
     dbname: str = Field("tidegate", description="Database name.")
+    db_schema: str = Field(
+        "public",
+        pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        description="Schema holding tidegate's tables (tests give each run its own).",
+    )
 
     def conninfo(self) -> str:
-        """A libpq connection string (psycopg)."""
+        """A libpq connection string (psycopg), with `db_schema` first on the search path."""
         pw = self.password.get_secret_value()
         return (
-            f"host={self.host} port={self.port} user={self.user} password={pw} dbname={self.dbname}"
+            f"host={self.host} port={self.port} user={self.user} password={pw} "
+            f"dbname={self.dbname} options='-c search_path={self.db_schema}'"
         )
 
     def url(self) -> str:
@@ -283,6 +294,61 @@ class WorkerSettings(BaseSettings):
         30.0,
         gt=0,
         description="How long revoked partitions and shutdown may finish in-flight work.",
+    )
+    max_loaded_versions: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Most model versions kept loaded; the least recently used unwanted one goes.",
+    )
+    shadow_max_in_flight: int = Field(
+        4,
+        ge=0,
+        description="Shadow sub-batches running at once; more are skipped and counted (0: none).",
+    )
+
+
+class LifecycleSettings(BaseSettings):
+    """The model lifecycle: event store, outbox relay and rollout controller
+    (env prefix `TIDEGATE_LIFECYCLE_`)."""
+
+    model_config = _config("TIDEGATE_LIFECYCLE_")
+
+    pool_min_size: int = Field(1, ge=0, le=100, description="Connections the pool keeps open.")
+    pool_max_size: int = Field(4, ge=1, le=100, description="Most connections in the pool.")
+    outbox_poll_s: float = Field(
+        0.5, gt=0, le=60, description="How often the relay looks for unpublished events."
+    )
+    promote_min_agreement: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="Least shadow class agreement (or cosine similarity) `promote` accepts.",
+    )
+    promote_min_samples: int = Field(
+        100, ge=0, description="Fewest shadow comparisons before the agreement gate can pass."
+    )
+    canary_steps: tuple[int, ...] = Field(
+        (10, 50, 100), description="Default canary weights in percent, ending at 100."
+    )
+    canary_dwell_s: float = Field(60.0, gt=0, description="Default time at each canary step.")
+    canary_max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="Roll back when the candidate's error rate exceeds this."
+    )
+    canary_max_error_rate_increase: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Roll back when the candidate's error rate exceeds the baseline's by this.",
+    )
+    canary_max_p99_ratio: float = Field(
+        2.0, gt=0, description="Roll back when the candidate's p99 exceeds baseline's times this."
+    )
+    canary_min_requests: int = Field(
+        20, ge=1, description="Candidate results needed before thresholds are judged."
+    )
+    controller_tick_s: float = Field(
+        0.5, gt=0, le=60, description="How often the canary controller evaluates."
     )
 
 
