@@ -3,6 +3,11 @@
 Each named type lives in its own `<fullname>.avsc` file, so shared types (Tensor, ErrorInfo,
 SourcePosition) are written once. fastavro inlines the references when it loads a file, which gives
 the self-contained schema text that a registry accepts without schema references.
+
+Subjects come in two kinds: topic subjects (`{topic}-value`, TopicNameStrategy), which the
+producers and consumers of a topic use, and one subject per lifecycle event type under its full
+name (RecordNameStrategy), so each event type evolves under its own compatibility rules even though
+events travel inside the `ModelLifecycleEvent` envelope.
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ from tidegate.settings import TopicSettings
 
 __all__ = [
     "DEAD_LETTER_ENVELOPE",
+    "EVENT_SUBJECT_COMPATIBILITY",
     "INFERENCE_REQUEST",
     "INFERENCE_RESULT",
+    "LIFECYCLE_NAMESPACE",
     "MODEL_LIFECYCLE_EVENT",
     "SCHEMA_DIR",
+    "SHADOW_COMPARISON",
     "ProjectSchema",
+    "event_schemas",
+    "event_subjects",
     "load_schema",
     "topic_subjects",
 ]
@@ -32,8 +42,14 @@ SCHEMA_DIR = Path(__file__).parent / "avro"
 
 INFERENCE_REQUEST = "dev.tidegate.inference.InferenceRequest"
 INFERENCE_RESULT = "dev.tidegate.inference.InferenceResult"
-MODEL_LIFECYCLE_EVENT = "dev.tidegate.lifecycle.ModelLifecycleEvent"
+LIFECYCLE_NAMESPACE = "dev.tidegate.lifecycle"
+MODEL_LIFECYCLE_EVENT = f"{LIFECYCLE_NAMESPACE}.ModelLifecycleEvent"
+SHADOW_COMPARISON = f"{LIFECYCLE_NAMESPACE}.ShadowComparison"
 DEAD_LETTER_ENVELOPE = "dev.tidegate.dlq.DeadLetterEnvelope"
+
+# Each event type evolves on its own: a new reader must read every event ever appended, since the
+# lifecycle topic is replayed from the beginning.
+EVENT_SUBJECT_COMPATIBILITY = "BACKWARD"
 
 
 @dataclass(frozen=True)
@@ -62,4 +78,25 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
         f"{topics.failed}-value": DEAD_LETTER_ENVELOPE,
         f"{topics.poison}-value": DEAD_LETTER_ENVELOPE,
         f"{topics.lifecycle}-value": MODEL_LIFECYCLE_EVENT,
+        f"{topics.shadow}-value": SHADOW_COMPARISON,
     }
+
+
+def event_schemas(directory: Path = SCHEMA_DIR) -> list[str]:
+    """Full names of the lifecycle event types: the branches of the envelope's payload union.
+
+    Read from the envelope file itself, so a type added to the union is registered without
+    another list to keep in step.
+    """
+    doc = json.loads((directory / f"{MODEL_LIFECYCLE_EVENT}.avsc").read_text())
+    payload = next(f for f in doc["fields"] if f["name"] == "payload")
+    names: list[str] = []
+    for branch in payload["type"]:
+        name = branch if isinstance(branch, str) else branch["name"]
+        names.append(name if "." in name else f"{LIFECYCLE_NAMESPACE}.{name}")
+    return names
+
+
+def event_subjects(directory: Path = SCHEMA_DIR) -> dict[str, str]:
+    """Subject (RecordNameStrategy: the full name) to schema full name, per lifecycle event type."""
+    return {name: name for name in event_schemas(directory)}

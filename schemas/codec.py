@@ -116,7 +116,12 @@ class AvroEncoder(Serializer):
 
 
 class AvroDecoder(Deserializer):
-    """Decodes framed bytes of any registered writer schema into dicts of the reader schema."""
+    """Decodes framed bytes of any registered writer schema into dicts of the reader schema.
+
+    With `return_record_name`, a value of a union with record branches is read as a
+    `(full name, dict)` tuple, the same notation the encoder accepts to pick a branch, so a reader
+    can tell records of like fields apart (the lifecycle event payloads).
+    """
 
     def __init__(
         self,
@@ -124,8 +129,10 @@ class AvroDecoder(Deserializer):
         reader: ProjectSchema | None = None,
         *,
         cache_size: int = 1000,
+        return_record_name: bool = False,
     ) -> None:
         self._client = client
+        self._return_record_name = return_record_name
         self._reader = reader.parsed if reader is not None else None
         self._reader_form = _canonical(self._reader) if reader is not None else None
         # schema id -> (writer, reader to resolve with, or None when resolution is a no-op). A
@@ -140,7 +147,9 @@ class AvroDecoder(Deserializer):
         writer, reader = self._schemas(schema_id)
         buf = io.BytesIO(body)
         try:
-            record = fastavro.schemaless_reader(buf, writer, reader)
+            record = fastavro.schemaless_reader(
+                buf, writer, reader, return_record_name=self._return_record_name
+            )
         except Exception as exc:  # truncated or garbled bodies surface as many exception types
             raise SchemaMismatchError(
                 f"body does not match writer schema {schema_id}: {type(exc).__name__}: {exc}"

@@ -2,11 +2,16 @@
 
 Compatibility is checked first with the registry's verbose compatibility endpoint, so a refusal
 names the field at fault instead of surfacing a bare 409.
+
+Besides the topic subjects it is given, `register_all` registers every lifecycle event type under
+its own subject and pins that subject's level (BACKWARD) rather than trusting the registry's
+global default: the lifecycle topic is replayed from its first event, so each type must stay
+readable by every later reader whatever the registry is configured with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +19,12 @@ from urllib.parse import quote
 
 import httpx
 
-from schemas.catalog import SCHEMA_DIR, load_schema
+from schemas.catalog import (
+    EVENT_SUBJECT_COMPATIBILITY,
+    SCHEMA_DIR,
+    event_subjects,
+    load_schema,
+)
 from tidegate.errors import IncompatibleSchemaError, InvalidSchemaError, RegistryUnavailableError
 from tidegate.settings import SchemaRegistrySettings
 
@@ -30,6 +40,9 @@ class Outcome:
     schema_id: int
     version: int
     action: Literal["registered", "unchanged"]
+    compatibility: str | None = None
+    """The subject-level compatibility `register_all` pinned; None where the registry's global
+    level applies."""
 
 
 class RegistryHttp:
@@ -74,6 +87,25 @@ class RegistryHttp:
             return []
         return [str(m) for m in body.get("messages", [])] or ["incompatible (no details given)"]
 
+    def compatibility(self, subject: str) -> str | None:
+        """The subject's own compatibility level; None when it follows the global one."""
+        try:
+            resp = self._http.get(f"/config/{quote(subject, safe='')}")
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailableError(f"schema registry unreachable: {exc}") from exc
+        if resp.status_code == 404:
+            return None
+        return str(self._json(resp)["compatibilityLevel"])
+
+    def set_compatibility(self, subject: str, level: str) -> None:
+        try:
+            resp = self._http.put(
+                f"/config/{quote(subject, safe='')}", json={"compatibility": level}
+            )
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailableError(f"schema registry unreachable: {exc}") from exc
+        self._json(resp)
+
     def register(self, subject: str, text: str) -> int:
         resp = self._post(f"/subjects/{quote(subject, safe='')}/versions", text)
         return int(self._json(resp)["id"])
@@ -100,17 +132,28 @@ class RegistryHttp:
 
 def register_all(
     registry: RegistryHttp,
-    subjects: dict[str, str],
+    subjects: Mapping[str, str],
     *,
     directory: Path = SCHEMA_DIR,
     dry_run: bool = False,
+    events: bool = True,
 ) -> Iterable[Outcome]:
-    """Register each subject's schema, refusing the first incompatible one with its reasons."""
-    for subject, fullname in subjects.items():
+    """Register each subject's schema, refusing the first incompatible one with its reasons.
+
+    With `events`, the lifecycle event types follow the given subjects, each under its full name
+    with its level pinned to BACKWARD (a dry run pins nothing).
+    """
+    plan: list[tuple[str, str, str | None]] = [(s, f, None) for s, f in subjects.items()]
+    if events:
+        plan += [(s, f, EVENT_SUBJECT_COMPATIBILITY) for s, f in event_subjects(directory).items()]
+    for subject, fullname, level in plan:
         schema = load_schema(fullname, directory)
+        # Pinned before the compatibility check, so the check applies the level meant for it.
+        if level is not None and not dry_run and registry.compatibility(subject) != level:
+            registry.set_compatibility(subject, level)
         existing = registry.lookup(subject, schema.text)
         if existing is not None:
-            yield Outcome(subject, fullname, existing[0], existing[1], "unchanged")
+            yield Outcome(subject, fullname, existing[0], existing[1], "unchanged", level)
             continue
         problems = registry.incompatibilities(subject, schema.text)
         if problems:
@@ -118,9 +161,9 @@ def register_all(
                 f"{fullname} is incompatible with what {subject} already holds", problems
             )
         if dry_run:
-            yield Outcome(subject, fullname, -1, -1, "registered")
+            yield Outcome(subject, fullname, -1, -1, "registered", level)
             continue
         schema_id = registry.register(subject, schema.text)
         found = registry.lookup(subject, schema.text)
         version = found[1] if found else -1
-        yield Outcome(subject, fullname, schema_id, version, "registered")
+        yield Outcome(subject, fullname, schema_id, version, "registered", level)

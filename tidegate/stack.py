@@ -101,6 +101,9 @@ def topic_specs(
             rf,
             {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"},
         ),
+        # Shadow comparisons are a side stream of a sampled share of requests, keyed by model: a
+        # few partitions like the dead-letter topics, kept as long as requests and results.
+        TopicSpec(topics.shadow, topics.dlq_partitions, rf, _deleting(topics.retention_ms)),
         # Operator actions are rare; one partition keeps them in the order they happened.
         TopicSpec(topics.audit, 1, rf, _deleting(topics.retention_ms)),
         # The registry's store, as Confluent's: one compacted partition (latest record per key).

@@ -16,7 +16,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema, pack, unpack
-from schemas.catalog import SCHEMA_DIR
+from schemas.catalog import SCHEMA_DIR, SHADOW_COMPARISON, event_subjects
+from schemas.registration import RegistryHttp
 from tests.support import unique, wait_for
 from tests.unit.test_codec import SAMPLES
 from tidegate.errors import SchemaMismatchError, UnknownSchemaError, WireFormatError
@@ -28,7 +29,7 @@ TIDEGATE = [sys.executable, "-m", "tidegate.cli"]
 
 def _env(prefix: str) -> dict[str, str]:
     env = dict(os.environ)
-    for key in ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE"):
+    for key in ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE", "SHADOW"):
         env[f"TIDEGATE_TOPICS_{key}"] = f"{prefix}-{key.lower()}"
     env["COLUMNS"] = "200"  # keep rich tables on one line per row
     return env
@@ -45,6 +46,16 @@ def _register(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+def _rows(stdout: str) -> dict[str, list[str]]:
+    """The printed table: subject to its cells (subject, schema, id, version, action, level)."""
+    rows: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 6 and cells[0] != "subject":
+            rows[cells[0]] = cells
+    return rows
+
+
 def _schema_dir(tmp_path: Path, mutate: Any) -> Path:
     target = tmp_path / "avro"
     shutil.copytree(SCHEMA_DIR, target)
@@ -56,14 +67,26 @@ def _schema_dir(tmp_path: Path, mutate: Any) -> Path:
 
 
 def test_register_then_refuse_incompatible_then_accept_compatible(tmp_path: Path) -> None:
-    env = _env(unique("it-reg"))
+    prefix = unique("it-reg")
+    env = _env(prefix)
     first = _register(env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert first.stdout.count("registered") == 6
+    rows = _rows(first.stdout)
+    ours = {s: r for s, r in rows.items() if s.startswith(prefix)}
+    assert len(ours) == 7  # six topics' subjects and the shadow comparisons'
+    assert all(r[4] == "registered" and r[5] == "global" for r in ours.values())
+    assert rows[f"{prefix}-shadow-value"][1] == SHADOW_COMPARISON
+    # Each lifecycle event type under its own name, pinned to BACKWARD. These subjects are
+    # shared by every run, so an earlier run may have registered them already.
+    events = {s: r for s, r in rows.items() if not s.startswith(prefix)}
+    assert set(events) == set(event_subjects())
+    assert all(r[4] in ("registered", "unchanged") and r[5] == "BACKWARD" for r in events.values())
+    with RegistryHttp(SchemaRegistrySettings()) as http:
+        assert all(http.compatibility(s) == "BACKWARD" for s in events)
 
     again = _register(env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("unchanged") == 6
+    assert [r[4] for r in _rows(again.stdout).values()] == ["unchanged"] * len(rows)
 
     def required_field(doc: dict[str, Any]) -> None:
         doc["fields"].append({"name": "priority_class", "type": "string"})

@@ -98,8 +98,14 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "correlation_id": "c-1",
         "payload": (
             "dev.tidegate.lifecycle.RolledBack",
-            {"version": "3", "reason": "error rate", "metrics": {"error_rate": 0.2}},
+            {
+                "version": "3",
+                "reason": "error rate",
+                "metrics": {"error_rate": 0.2},
+                "to_version": "1",
+            },
         ),
+        "position": 41,
     },
     DEAD_LETTER_ENVELOPE: {
         "original_key": b"k",

@@ -37,6 +37,7 @@ def test_every_topic_of_the_settings_is_specified_once() -> None:
         topics.poison,
         topics.lifecycle,
         topics.audit,
+        topics.shadow,
         RegistryServerSettings().topic,
     }
 
@@ -65,6 +66,13 @@ def test_model_lifecycle_keeps_its_full_history() -> None:
         "retention.bytes": "-1",
     }
     assert spec.partitions == 1
+
+
+def test_shadow_comparisons_are_partitioned_like_the_dlq_and_kept_like_results() -> None:
+    topics = TopicSettings(dlq_partitions=3, retention_ms=86_400_000)
+    spec = by_name(topic_specs(topics))["shadow-comparisons"]
+    assert spec.partitions == 3
+    assert spec.config == {"cleanup.policy": "delete", "retention.ms": "86400000"}
 
 
 def test_registry_topic_is_one_compacted_partition() -> None:

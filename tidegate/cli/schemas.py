@@ -21,7 +21,8 @@ def register(
         bool, typer.Option("--dry-run", help="Check compatibility only; register nothing.")
     ] = False,
 ) -> None:
-    """Register every project schema under its `{topic}-value` subject.
+    """Register every project schema under its `{topic}-value` subject, and each lifecycle event
+    type under its own full name (compatibility BACKWARD).
 
     An incompatible change is refused, naming the fields at fault, and nothing after it is
     registered.
@@ -36,7 +37,7 @@ def register(
 
     console = Console()
     settings = SchemaRegistrySettings()
-    table = Table("subject", "schema", "id", "version", "action")
+    table = Table("subject", "schema", "id", "version", "action", "compatibility")
     try:
         with RegistryHttp(settings) as registry:
             for outcome in register_all(
@@ -51,6 +52,7 @@ def register(
                     str(outcome.schema_id),
                     str(outcome.version),
                     outcome.action if not dry_run else "compatible",
+                    outcome.compatibility or "global",
                 )
     except IncompatibleSchemaError as exc:
         console.print(table)
