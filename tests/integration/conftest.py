@@ -6,15 +6,26 @@ exercised.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from tests.integration.fakes import FakeWorker
 from tests.support import unique
+from tidegate.db import make_pool, migrate
 from tidegate.kafka import make_admin
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.settings import (
+    KafkaSettings,
+    LifecycleSettings,
+    PostgresSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -68,3 +79,24 @@ def worker(
     fake = FakeWorker(kafka_settings, topics, registry_settings).start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture
+def pg_settings() -> Iterator[PostgresSettings]:
+    """PostgresSettings of a schema of this test's own, migrated; dropped afterwards."""
+    settings = PostgresSettings(db_schema=unique("t").replace("-", "_"))
+    migrate(settings)
+    yield settings
+    with psycopg.connect(settings.conninfo(), autocommit=True, connect_timeout=10) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(settings.db_schema))
+        )
+
+
+@pytest.fixture
+async def pg_pool(pg_settings: PostgresSettings) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """An open pool (tidegate.db.make_pool) on the test's own schema."""
+    pool = make_pool(pg_settings, LifecycleSettings(pool_min_size=1, pool_max_size=4))
+    await pool.open(wait=True, timeout=30)
+    yield pool
+    await pool.close()

@@ -1,0 +1,123 @@
+"""The lifecycle log: how the worker, the commands and the controller write events.
+
+`append` commits to the event store (which also queues the events in the outbox), then asks the
+relay to publish them at once, so a writer's events are usually on Kafka when `append` returns.
+That publish is best effort: the commit is what counts, and if Kafka is down the controller's
+relay loop (or the next append) publishes the events later.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from psycopg_pool import AsyncConnectionPool
+
+from lifecycle.codec import LifecycleCodec
+from lifecycle.events import NewEvent, RecordedEvent
+from lifecycle.outbox import OutboxRelay
+from lifecycle.state import ModelState
+from lifecycle.store import EventStore
+from tidegate.db import make_pool
+from tidegate.errors import LifecycleUnavailableError
+from tidegate.settings import (
+    KafkaSettings,
+    LifecycleSettings,
+    PostgresSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+
+__all__ = ["LifecycleLog"]
+
+log = logging.getLogger(__name__)
+
+_OPEN_TIMEOUT_S = 30.0
+
+
+class LifecycleLog:
+    """Event store plus outbox relay. Use as an async context manager (or `start`/`stop`).
+
+    Built by `from_settings`, it owns its pool and closes it; given a pool, it leaves it open.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        relay: OutboxRelay,
+        *,
+        owned_pool: AsyncConnectionPool[Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.relay = relay
+        self._owned_pool = owned_pool
+
+    @classmethod
+    def from_settings(
+        cls,
+        pg: PostgresSettings,
+        lc: LifecycleSettings,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        registry: SchemaRegistrySettings,
+    ) -> LifecycleLog:
+        pool = make_pool(pg, lc)
+        codec = LifecycleCodec(SchemaRegistryClient(registry.client_config()), topics)
+        relay = OutboxRelay(pool, kafka, topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s)
+        return cls(EventStore(pool), relay, owned_pool=pool)
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        return self.store.pool
+
+    async def start(self) -> None:
+        """Open the pool (if owned) and the relay's producer. The relay loop is not started:
+        that is the controller's job; appends publish their own events."""
+        if self._owned_pool is not None:
+            try:
+                await self._owned_pool.open(wait=True, timeout=_OPEN_TIMEOUT_S)
+            except Exception as exc:
+                await self._owned_pool.close()
+                raise LifecycleUnavailableError(f"cannot reach the event store: {exc}") from exc
+        await self.relay.open()
+
+    async def stop(self) -> None:
+        try:
+            await self.relay.close()
+        finally:
+            if self._owned_pool is not None:
+                await self._owned_pool.close()
+
+    async def __aenter__(self) -> LifecycleLog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
+
+    async def append(
+        self, stream: str, events: Sequence[NewEvent], *, expected_version: int | None
+    ) -> list[RecordedEvent]:
+        """`EventStore.append`, then publish. Raises what the append raises (conflicts, an
+        unavailable store); a failed publish is only logged, as the events are committed."""
+        recorded = await self.store.append(stream, events, expected_version=expected_version)
+        try:
+            await self.relay.flush()
+        except Exception:
+            log.warning(
+                "events %s/%d..%d are committed but not yet published; the relay retries",
+                stream,
+                recorded[0].sequence,
+                recorded[-1].sequence,
+                exc_info=True,
+            )
+        return recorded
+
+    async def read(self, stream: str, *, until: datetime | None = None) -> list[RecordedEvent]:
+        return await self.store.read(stream, until=until)
+
+    async def load(self, stream: str, *, until: datetime | None = None) -> ModelState:
+        return await self.store.load(stream, until=until)
