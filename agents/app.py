@@ -6,43 +6,22 @@ Faust's Kafka consumer, producer and web server. Its one agent, `InferenceAgent`
 (mode) service that runs the confluent-kafka hot path in `agents.worker`. The Faust `Worker`
 starts it, installs the SIGTERM/SIGINT handlers and stops it gracefully: stop consuming, drain,
 commit, exit. A failure of the hot path crashes the app, and the process exits non-zero.
+What the agent starts, and in which order, is `agents.assembly.running_worker`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack
 from typing import Any
 
 import faust
 from faust.app.base import BootStrategy
 from mode import Service, ServiceT
 
-from agents.loaded import ModelCache, store_loader
-from agents.service import InferenceService
-from agents.serving import ServingResolver, load_serving_table
-from agents.worker import InferenceWorker
-from tidegate.settings import (
-    KafkaSettings,
-    ModelSettings,
-    SchemaRegistrySettings,
-    TopicSettings,
-    WorkerSettings,
-)
-from tidegate.telemetry import get_logger
+from agents.assembly import RunningWorker, WorkerConfig, running_worker
 
 __all__ = ["InferenceAgent", "WorkerConfig", "create_app", "run_worker"]
-
-log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    worker: WorkerSettings = field(default_factory=WorkerSettings)
-    kafka: KafkaSettings = field(default_factory=KafkaSettings)
-    topics: TopicSettings = field(default_factory=TopicSettings)
-    models: ModelSettings = field(default_factory=ModelSettings)
-    registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
 
 
 class _HotPathBoot(BootStrategy):
@@ -66,65 +45,39 @@ class _WorkerApp(faust.App):
 
 
 class InferenceAgent(Service):
-    """Loads and warms up every serving version, then consumes; drains and commits on stop."""
+    """Catches up the lifecycle, loads and warms up every wanted version, then consumes; drains,
+    commits and reports its unloads on stop (`agents.assembly.running_worker`)."""
 
     def __init__(self, config: WorkerConfig, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = config
-        self.service: InferenceService | None = None
-        self.worker: InferenceWorker | None = None
-        self._metrics: Any = None
+        self.running: RunningWorker | None = None
+        self._stack = AsyncExitStack()
 
     async def on_start(self) -> None:
-        cfg = self.config
-        models = ModelCache(store_loader(cfg.models))
-        from agents.store import LocalArtifactStore
+        try:
+            if self.config.worker.metrics_port:
+                from prometheus_client import start_http_server
 
-        resolver = ServingResolver(
-            load_serving_table(cfg.models.serving_config), LocalArtifactStore(cfg.models)
-        )
-        self.service = InferenceService(resolver, models, worker_id=cfg.worker.worker_id)
-        failures = await self.service.start()
-        for (name, version), why in failures.items():
-            log.error("%s version %s cannot serve: %s", name, version, why)
-        if cfg.worker.metrics_port:
-            from prometheus_client import start_http_server
-
-            self._metrics = start_http_server(cfg.worker.metrics_port)
-        self.worker = InferenceWorker(
-            self.service,
-            settings=cfg.worker,
-            kafka=cfg.kafka,
-            topics=cfg.topics,
-            registry=cfg.registry,
-        )
-        await self.worker.start()
-        log.info(
-            "worker %s consuming %s in group %s (models: %s)",
-            cfg.worker.worker_id,
-            cfg.topics.requests,
-            cfg.worker.group_id,
-            ", ".join(f"{n}:{v}" for n, v in models.loaded()) or "none",
-        )
+                server, thread = start_http_server(self.config.worker.metrics_port)
+                self._stack.callback(thread.join, 5)
+                self._stack.callback(server.shutdown)
+            self.running = await self._stack.enter_async_context(running_worker(self.config))
+        except BaseException:
+            await self._stack.aclose()
+            raise
 
     @Service.task
     async def _watch(self) -> None:
-        if self.worker is None:
+        if self.running is None:
             return
         try:
-            await self.worker.wait()
+            await self.running.worker.wait()
         except Exception as exc:
             await self.crash(exc)
 
     async def on_stop(self) -> None:
-        if self.worker is not None:
-            await self.worker.stop()
-        if self.service is not None:
-            await self.service.stop()
-        if self._metrics is not None:
-            server, thread = self._metrics
-            server.shutdown()
-            thread.join(timeout=5)
+        await self._stack.aclose()
 
 
 def create_app(config: WorkerConfig) -> faust.App:

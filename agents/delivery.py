@@ -2,7 +2,8 @@
 
 Results are encoded once and the same bytes go to `inference-results` (keyed like the request) and,
 when the request asks, to its `reply_to` topic and partition. The producer is the idempotent,
-acks=all one of `tidegate.kafka`, so messages of one partition land in produce order.
+acks=all one of `tidegate.kafka`, so messages of one partition land in produce order. Side
+records (shadow comparisons) share the producer; nothing waits for them or commits by them.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from schemas import DEAD_LETTER_ENVELOPE, INFERENCE_RESULT, AvroEncoder, load_schema
+from schemas.catalog import SHADOW_COMPARISON
 from tidegate.errors import ConfigurationError, TidegateError
 from tidegate.settings import TopicSettings
+from tidegate.telemetry import get_logger
 
 __all__ = ["Ack", "Publisher"]
+
+log = get_logger(__name__)
 
 Ack = Callable[[KafkaError | None, Message], None]
 
@@ -35,6 +40,7 @@ class Publisher:
         self.topics = topics
         self._results = AvroEncoder(registry, load_schema(INFERENCE_RESULT))
         self._letters = AvroEncoder(registry, load_schema(DEAD_LETTER_ENVELOPE))
+        self._shadow = AvroEncoder(registry, load_schema(SHADOW_COMPARISON))
         self._ids: dict[str, int] = {}
 
     def start(self) -> None:
@@ -43,6 +49,7 @@ class Publisher:
             self.topics.results: self._results,
             self.topics.failed: self._letters,
             self.topics.poison: self._letters,
+            self.topics.shadow: self._shadow,
         }
         for topic, encoder in wanted.items():
             subject = f"{topic}-value"
@@ -78,6 +85,13 @@ class Publisher:
     ) -> None:
         self._produce(topic, self._letters.encode(envelope, self._ids[topic]), key, None, ack)
 
+    def shadow(self, comparison: Mapping[str, Any]) -> None:
+        """Produce a ShadowComparison record, keyed by model. No offset waits for it, so a
+        failed delivery is only logged."""
+        topic = self.topics.shadow
+        value = self._shadow.encode(comparison, self._ids[topic])
+        self._produce(topic, value, str(comparison["model"]).encode(), None, _log_failure)
+
     def poll(self) -> int:
         """Serve delivery callbacks that are due (on the calling thread)."""
         return int(self.producer.poll(0))
@@ -99,3 +113,8 @@ class Publisher:
             except BufferError:
                 # The local queue is full: serve acknowledgements until there is room.
                 self.producer.poll(0.05)
+
+
+def _log_failure(err: KafkaError | None, msg: Message) -> None:
+    if err is not None:
+        log.warning("a record for %s was not delivered: %s", msg.topic(), err)

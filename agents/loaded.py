@@ -1,25 +1,32 @@
 """Loaded model versions, cached per (model, version), loaded once and warmed up before serving.
 
-Every serving version is loaded when the worker starts; a version first asked for by a request is
-loaded then, once, however many requests ask at the same time. A failed load is remembered for a
-while so a broken artifact does not stall every request that names it.
+The cache is the mechanism: a version is loaded once however many callers ask at the same time, a
+failed load is remembered for a while (so a broken artifact does not stall every request that
+names it, and it is never counted as loaded), and the order of use is kept for LRU eviction.
+Which versions to load and when to drop them is policy, in `agents.versions.VersionManager`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from agents.compare import Kind, task_of
 from agents.runtime.base import ModelRuntime
 from agents.signature import Signature
 from tidegate.errors import ModelNotFoundError, ModelUnavailableError, TidegateError
 from tidegate.settings import ModelSettings
 from tidegate.telemetry import get_logger
 
-__all__ = ["LoadedModel", "ModelCache", "ModelLoader", "store_loader"]
+__all__ = ["LoadedModel", "ModelCache", "ModelLoader", "VersionKey", "store_loader", "unload"]
 
 log = get_logger(__name__)
+
+VersionKey = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +35,10 @@ class LoadedModel:
     version: str
     signature: Signature
     runtime: ModelRuntime
+    task: Kind = "other"
+    """What the outputs mean, for shadow comparisons (the manifest's `task`, or a guess)."""
+    load_ms: float = 0.0
+    """Fetch, checksum, load and warm-up time, measured by the cache."""
 
     @property
     def batchable(self) -> bool:
@@ -39,7 +50,8 @@ ModelLoader = Callable[[str, str], Awaitable[LoadedModel]]
 
 
 def store_loader(settings: ModelSettings) -> ModelLoader:
-    """Load versions from the local artifact store with `agents.runtime.load_package`."""
+    """Load versions from the local artifact store with `agents.runtime.load_package` (which
+    fetches, verifies every file's sha256, loads and warms up)."""
     from agents.runtime import load_package
     from agents.store import LocalArtifactStore
 
@@ -48,7 +60,7 @@ def store_loader(settings: ModelSettings) -> ModelLoader:
     async def load(name: str, version: str) -> LoadedModel:
         manifest = await store.manifest(name, version)
         runtime = await load_package(store, name, version, settings)
-        return LoadedModel(name, version, manifest.signature, runtime)
+        return LoadedModel(name, version, manifest.signature, runtime, task_of(manifest))
 
     return load
 
@@ -57,27 +69,50 @@ class ModelCache:
     def __init__(self, loader: ModelLoader, *, retry_after_s: float = 30.0) -> None:
         self._loader = loader
         self._retry_after = retry_after_s
-        self._models: dict[tuple[str, str], LoadedModel] = {}
-        self._failures: dict[tuple[str, str], tuple[float, TidegateError]] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Least recently used first: `get` moves a version to the end.
+        self._models: OrderedDict[VersionKey, LoadedModel] = OrderedDict()
+        self._failures: dict[VersionKey, tuple[float, TidegateError]] = {}
+        self._locks: dict[VersionKey, asyncio.Lock] = {}
 
-    def loaded(self) -> list[tuple[str, str]]:
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def loaded(self) -> list[VersionKey]:
         return sorted(self._models)
+
+    def by_recency(self) -> list[VersionKey]:
+        """Loaded versions, the least recently used first."""
+        return list(self._models)
+
+    def peek(self, name: str, version: str) -> LoadedModel | None:
+        """The version if it is loaded and warm; never loads, never counts as a use."""
+        return self._models.get((name, version))
+
+    def failure(self, name: str, version: str) -> TidegateError | None:
+        """Why the last load of the version failed, while that is remembered (a later `get`
+        raises it again without loading)."""
+        failed = self._failures.get((name, version))
+        if failed is None or asyncio.get_running_loop().time() - failed[0] >= self._retry_after:
+            return None
+        return failed[1]
 
     async def get(self, name: str, version: str) -> LoadedModel:
         key = (name, version)
         model = self._models.get(key)
         if model is not None:
+            self._models.move_to_end(key)
             return model
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             model = self._models.get(key)
             if model is not None:
+                self._models.move_to_end(key)
                 return model
             now = asyncio.get_running_loop().time()
             failed = self._failures.get(key)
             if failed is not None and now - failed[0] < self._retry_after:
                 raise failed[1]
+            started = time.perf_counter()
             try:
                 model = await self._loader(name, version)
             except ModelNotFoundError as exc:
@@ -88,25 +123,33 @@ class ModelCache:
                 self._failures[key] = (now, error)
                 log.exception("loading %s version %s failed", name, version)
                 raise error from exc
+            load_ms = (time.perf_counter() - started) * 1000.0
+            model = dataclasses.replace(model, load_ms=load_ms)
             self._failures.pop(key, None)
             self._models[key] = model
-            log.info("loaded %s version %s on %s", name, version, model.runtime.device)
+            log.info(
+                "loaded %s version %s on %s in %.0f ms",
+                name,
+                version,
+                model.runtime.device,
+                load_ms,
+            )
             return model
 
-    async def preload(self, versions: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-        """Load (and warm up) each version; returns why each one that failed did."""
-        failures: dict[tuple[str, str], str] = {}
-        for name, version in versions:
-            try:
-                await self.get(name, version)
-            except TidegateError as exc:
-                failures[(name, version)] = str(exc)
-        return failures
+    def pop(self, name: str, version: str) -> LoadedModel | None:
+        """Take the version out of the cache (the caller unloads it): new requests load it again,
+        calls already handed to its runtime finish first."""
+        return self._models.pop((name, version), None)
 
     async def close(self) -> None:
-        models, self._models = self._models, {}
+        models, self._models = self._models, OrderedDict()
         for model in models.values():
-            try:
-                await model.runtime.on_unload()
-            except Exception:
-                log.exception("unloading %s version %s failed", model.name, model.version)
+            await unload(model)
+
+
+async def unload(model: LoadedModel) -> None:
+    """Release a version's runtime; a failure is logged, never raised (it is going anyway)."""
+    try:
+        await model.runtime.on_unload()
+    except Exception:
+        log.exception("unloading %s version %s failed", model.name, model.version)

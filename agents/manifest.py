@@ -10,9 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.signature import Signature
 
-__all__ = ["Manifest", "ModelPackage", "RuntimeKind"]
+__all__ = ["Manifest", "ModelPackage", "RuntimeKind", "TaskKind"]
 
 RuntimeKind = Literal["onnx", "torch"]
+TaskKind = Literal["classifier", "embedding"]
 
 
 class Manifest(BaseModel):
@@ -32,6 +33,12 @@ class Manifest(BaseModel):
     signature: Signature
     preprocess: dict[str, Any] | None = None
     postprocess: dict[str, Any] | None = None
+    task: TaskKind | None = Field(
+        None,
+        description="What the outputs mean, so shadow runs compare them fittingly: class "
+        "probabilities (argmax agreement) or embeddings (cosine). None: guessed from the "
+        "signature.",
+    )
     description: str = ""
     created_at: datetime | None = None
 

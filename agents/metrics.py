@@ -18,8 +18,11 @@ __all__ = [
     "DEAD_LETTERS",
     "END_TO_END",
     "IN_FLIGHT",
+    "LOADED_VERSIONS",
     "QUEUE",
     "REQUESTS",
+    "SHADOW_COMPARED",
+    "SHADOW_SKIPPED",
     "SUB_BATCH_SIZE",
     "PrometheusBatchObserver",
     "compute",
@@ -78,6 +81,21 @@ CONSUMER_LAG = Gauge(
     "tidegate_worker_consumer_lag",
     "High watermark minus this worker's position, per assigned partition.",
     ["topic", "partition"],
+)
+LOADED_VERSIONS = Gauge(
+    "tidegate_worker_loaded_versions",
+    "Model versions loaded and warm on this worker.",
+)
+SHADOW_COMPARED = Counter(
+    "tidegate_worker_shadow_comparisons",
+    "Requests run on a shadow candidate and compared with the primary, by model and candidate.",
+    ["model", "candidate"],
+)
+SHADOW_SKIPPED = Counter(
+    "tidegate_worker_shadow_skipped",
+    "Requests sampled for a shadow candidate but not run on it: `full` when "
+    "shadow_max_in_flight runs were already going, `cold` when the candidate is not loaded here.",
+    ["model", "candidate", "reason"],
 )
 DEAD_LETTERS = Counter(
     "tidegate_worker_dead_letters",

@@ -1,10 +1,15 @@
 """The inference service: the one core that turns decoded requests into `InferenceResult` records.
 
+Each request is routed here, by the model's lifecycle routing table: an explicit version if it
+is servable, else the tenant's pin or experiment, else the sticky weighted split over the versions
+this worker has warm (`lifecycle.routing`). The result carries the version and the rule.
+
 For a batch (one partition's, in the worker) it answers without compute what needs none: requests
 rejected while decoding, past their deadline, for unknown models or versions, or with inputs that do
 not match the model signature. The rest is split by (model, version) — and by the shape of the
 non-batch dimensions, which must agree to be stacked — and each sub-batch runs as one model call:
-inputs concatenated along dim 0, outputs split back by each request's rows.
+inputs concatenated along dim 0, outputs split back by each request's rows. Requests the split
+served and a shadow version samples are handed to the `ShadowRunner` once every result is made.
 
 When a model call fails, the sub-batch is bisected until the failing requests are alone, so one bad
 input never fails its batch-mates. Errors that are not about an input (the model is unavailable,
@@ -17,29 +22,43 @@ import asyncio
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from agents import metrics
-from agents.loaded import LoadedModel, ModelCache
+from agents.loaded import LoadedModel
 from agents.results import Timings, error_result, ok_result
-from agents.serving import Resolution, ServingResolver
+from agents.shadow import ShadowJob, ShadowRequest, ShadowRunner
 from agents.signature import validate_inputs
 from agents.tasks import InferenceTask
 from agents.tensors import from_numpy, to_numpy
+from agents.versions import TableSource
+from lifecycle.routing import Decision
 from tidegate.errors import (
     DeadlineExceededError,
     InvalidInputError,
     ModelExecutionError,
+    ModelNotFoundError,
     RetriableError,
     TidegateError,
 )
 
-__all__ = ["InferenceService", "RowCountError"]
+__all__ = ["SHADOWED_RULES", "InferenceService", "RowCountError", "Versions"]
 
 Result = dict[str, Any]
+# Only requests the traffic split served are shadowed: pinned and explicit ones are someone's
+# deliberate choice, not a sample of live traffic.
+SHADOWED_RULES = ("split@", "warming-fallback@")
+
+
+class Versions(Protocol):
+    """Loaded versions: what the router asks (`ready`) and what serves (`get`)."""
+
+    def ready(self, model: str, version: str) -> bool: ...
+
+    async def get(self, model: str, version: str) -> LoadedModel: ...
 
 
 class RowCountError(ModelExecutionError):
@@ -55,20 +74,22 @@ class _Member:
     outputs: tuple[str, ...]
     waited_ms: float
     rule: str
+    shadows: tuple[str, ...] = ()
 
 
 class InferenceService:
-    def __init__(self, resolver: ServingResolver, models: ModelCache, *, worker_id: str) -> None:
-        self.resolver = resolver
+    def __init__(
+        self,
+        tables: TableSource,
+        models: Versions,
+        *,
+        worker_id: str,
+        shadow: ShadowRunner | None = None,
+    ) -> None:
+        self.tables = tables
         self.models = models
         self.worker_id = worker_id
-
-    async def start(self) -> dict[tuple[str, str], str]:
-        """Load and warm up every serving version; returns the ones that failed, and why."""
-        return await self.models.preload(self.resolver.serving())
-
-    async def stop(self) -> None:
-        await self.models.close()
+        self.shadow = shadow
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
@@ -76,10 +97,9 @@ class InferenceService:
         """One result per task, in order."""
         results: list[Result | None] = [None] * len(tasks)
         groups: dict[Hashable, tuple[LoadedModel, list[_Member]]] = {}
-        resolved: dict[tuple[str, str | None], Resolution | TidegateError] = {}
         now_ms = time.time() * 1000.0
         for index, (task, waited) in enumerate(zip(tasks, waits_ms, strict=True)):
-            resolution: Resolution | None = None
+            decision: Decision | None = None
             try:
                 if task.rejection is not None:
                     raise task.rejection
@@ -88,37 +108,47 @@ class InferenceService:
                     raise DeadlineExceededError(
                         f"the deadline passed {now_ms - deadline:.0f} ms before compute"
                     )
-                resolution = await self._resolve(task, resolved)
-                model = await self.models.get(task.model, resolution.version)
-                member = _member(index, task, model, waited, resolution.rule)
+                decision, shadows = self._route(task)
+                model = await self.models.get(task.model, decision.version)
+                member = _member(index, task, model, waited, decision.rule)
+                member.shadows = shadows
             except Exception as exc:
-                version = resolution.version if resolution else None
-                rule = resolution.rule if resolution else None
+                version = decision.version if decision else None
+                rule = decision.rule if decision else None
                 results[index] = self._failed(task, exc, version, Timings(batch_ms=waited), rule)
                 continue
             groups.setdefault(_group_key(model, member), (model, []))[1].append(member)
+        jobs: list[ShadowJob] = []
         await asyncio.gather(
-            *(self._attempt(model, members, results) for model, members in groups.values())
+            *(self._attempt(model, members, results, jobs) for model, members in groups.values())
         )
+        if jobs and self.shadow is not None:
+            self.shadow.submit(jobs)
         return [r for r in results if r is not None]
 
-    async def _resolve(
-        self, task: InferenceTask, seen: dict[tuple[str, str | None], Resolution | TidegateError]
-    ) -> Resolution:
-        key = (task.model, task.request.get("model_version"))
-        found = seen.get(key)
-        if found is None:
-            try:
-                found = await self.resolver.resolve(*key)
-            except TidegateError as exc:
-                found = exc
-            seen[key] = found
-        if isinstance(found, TidegateError):
-            raise found
-        return found
+    def _route(self, task: InferenceTask) -> tuple[Decision, tuple[str, ...]]:
+        """The version that serves the request, why, and the shadow versions it is copied to."""
+        table = self.tables.table(task.model)
+        if table is None:
+            raise ModelNotFoundError(f"model {task.model!r} is not served")
+        request = task.request
+        decision = table.route(
+            tenant=request.get("tenant") or "default",
+            key=request.get("routing_key") or task.request_id,
+            requested=request.get("model_version"),
+            ready=lambda version: self.models.ready(task.model, version),
+        )
+        shadows: tuple[str, ...] = ()
+        if table.shadows and decision.rule.startswith(SHADOWED_RULES):
+            shadows = tuple(table.shadow_targets(task.request_id, decision.version))
+        return decision, shadows
 
     async def _attempt(
-        self, model: LoadedModel, members: list[_Member], results: list[Result | None]
+        self,
+        model: LoadedModel,
+        members: list[_Member],
+        results: list[Result | None],
+        jobs: list[ShadowJob],
     ) -> None:
         for member in members:
             member.task.attempts += 1
@@ -133,9 +163,11 @@ class InferenceService:
                 results[members[0].index] = self._failed_member(model, members[0], exc, 1)
                 return
             half = len(members) // 2
-            await self._attempt(model, members[:half], results)
-            await self._attempt(model, members[half:], results)
+            await self._attempt(model, members[:half], results, jobs)
+            await self._attempt(model, members[half:], results, jobs)
             return
+        if any(member.shadows for member in members):
+            jobs.extend(_shadow_jobs(model, members, outputs, compute_ms))
         start = 0
         for member in members:
             stop = start + member.rows
@@ -198,7 +230,7 @@ class InferenceService:
 
     def _observed(self, result: Result) -> Result:
         model, version = result["model"], result["model_version"]
-        if version is None and model not in self.resolver.table:
+        if version is None and self.tables.table(model) is None:
             model = "_unknown"  # names from requests must not grow the label set without bound
         metrics.requests(model, version or "", result["status"]).inc()
         metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
@@ -227,6 +259,30 @@ def _member(
         if name not in known:
             raise InvalidInputError(f"unknown output {name!r}; the model gives {known}", name)
     return _Member(index, task, arrays, rows, wanted, waited, rule)
+
+
+def _shadow_jobs(
+    model: LoadedModel,
+    members: list[_Member],
+    outputs: dict[str, npt.NDArray[Any]],
+    compute_ms: float,
+) -> list[ShadowJob]:
+    """One job per candidate, with the sampled members' inputs and their rows of every output."""
+    jobs: dict[str, ShadowJob] = {}
+    start = 0
+    for member in members:
+        stop = start + member.rows
+        for candidate in member.shadows:
+            job = jobs.get(candidate)
+            if job is None:
+                job = ShadowJob(model.name, model.version, candidate, model.task, compute_ms, [])
+                jobs[candidate] = job
+            primary = {name: array[start:stop] for name, array in outputs.items()}
+            job.requests.append(
+                ShadowRequest(member.task.request_id, member.arrays, member.rows, primary)
+            )
+        start = stop
+    return list(jobs.values())
 
 
 def _group_key(model: LoadedModel, member: _Member) -> Hashable:

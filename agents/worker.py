@@ -118,6 +118,12 @@ class InferenceWorker:
             self._loop.create_task(self._fetch(), name="kafka-fetch"),
         ]
 
+    @property
+    def publisher(self) -> Publisher:
+        """The worker's producer (after `start`); side records such as shadow comparisons use it
+        too, so a worker keeps one producer."""
+        return self._publisher
+
     async def wait(self) -> None:
         """Return when the worker stops; raise what made it fail, if anything did."""
         await asyncio.shield(self._failed)

@@ -1,23 +1,27 @@
-"""Which model versions exist and which one serves, and their V2 metadata.
+"""Which model versions are served and ready, and their V2 metadata.
 
-Manifests come from the artifact store (`agents.store.LocalArtifactStore`, or anything with its
-`manifest`/`versions`/`models` methods). The serving version of each model comes from
-`ModelSettings.serving_config` (`[models.NAME] version = "V"`), re-read when the file changes.
+What is served comes from the model lifecycle (a `lifecycle.feed.LifecycleFeed`, kept current from
+the `model-lifecycle` topic): a model is served while it has a primary version; a version may be
+asked for by name while it is validated and not retired; a version is ready once some worker
+reported it loaded and warmed up. Manifests (signatures, runtime) come from the artifact store
+(`agents.store.LocalArtifactStore`, or anything with its `manifest` method).
+
+The gateway never routes: a request without a version is checked against the primary's
+signature, and the worker that takes it decides the version (`lifecycle.routing`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import tomllib
-from pathlib import Path
 from typing import Any, Protocol
 
 from cachetools import TTLCache
 
 from agents.manifest import Manifest
-from tidegate.errors import ConfigurationError, ModelNotFoundError
+from agents.store.files import natural_key
+from lifecycle.state import ModelState
+from tidegate.errors import ModelNotFoundError, ModelUnavailableError
 
-__all__ = ["PLATFORMS", "ManifestSource", "ModelCatalog", "ServingConfig"]
+__all__ = ["PLATFORMS", "LifecycleView", "ManifestSource", "ModelCatalog"]
 
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_torchscript"}
 # Versions are immutable, but a version can be removed: cached manifests expire soon enough.
@@ -27,55 +31,55 @@ _CACHE_TTL_S = 10.0
 class ManifestSource(Protocol):
     async def manifest(self, name: str, version: str) -> Manifest: ...
 
-    async def versions(self, name: str) -> list[str]: ...
 
+class LifecycleView(Protocol):
+    """The part of `LifecycleFeed` the catalog reads."""
 
-class ServingConfig:
-    """`serving.toml`, re-read whenever its modification time changes."""
+    def state(self, model: str) -> ModelState | None: ...
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._stamp: float | None = None
-        self._versions: dict[str, str] = {}
-
-    def _load(self) -> dict[str, str]:
-        try:
-            stamp = self._path.stat().st_mtime
-        except FileNotFoundError:
-            raise ConfigurationError(f"serving config {self._path} does not exist") from None
-        if stamp != self._stamp:
-            try:
-                parsed = tomllib.loads(self._path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigurationError(f"serving config {self._path}: {exc}") from exc
-            models = parsed.get("models", {})
-            self._versions = {
-                name: str(entry["version"])
-                for name, entry in models.items()
-                if isinstance(entry, dict) and "version" in entry
-            }
-            self._stamp = stamp
-        return self._versions
-
-    async def version(self, name: str) -> str | None:
-        return (await asyncio.to_thread(self._load)).get(name)
+    async def caught_up(self, timeout_s: float) -> None: ...
 
 
 class ModelCatalog:
-    def __init__(self, source: ManifestSource, serving: ServingConfig) -> None:
+    def __init__(
+        self, source: ManifestSource, lifecycle: LifecycleView, *, catch_up_s: float = 10.0
+    ) -> None:
         self._source = source
-        self._serving = serving
+        self._lifecycle = lifecycle
+        self._catch_up_s = catch_up_s
         self._manifests: TTLCache[tuple[str, str], Manifest] = TTLCache(1024, _CACHE_TTL_S)
 
+    async def _state(self, name: str) -> ModelState:
+        # Until the feed has replayed the topic, "unknown model" could be a lie: wait for it
+        # (at once after the first time), or answer 503 (`LifecycleUnavailableError`).
+        await self._lifecycle.caught_up(self._catch_up_s)
+        state = self._lifecycle.state(name)
+        if state is None or not any(v.servable for v in state.versions):
+            raise ModelNotFoundError(f"model {name!r} is not served")
+        return state
+
     async def serving_version(self, name: str) -> str:
-        version = await self._serving.version(name)
+        """The primary version: the one whose signature a request without a version must fit."""
+        state = await self._state(name)
+        if state.primary is None:
+            raise ModelNotFoundError(f"model {name!r} has no primary version")
+        return state.primary
+
+    async def _resolve(self, name: str, version: str | None) -> tuple[ModelState, str]:
+        state = await self._state(name)
         if version is None:
-            raise ModelNotFoundError(f"model {name!r} has no serving version")
-        return version
+            if state.primary is None:
+                raise ModelNotFoundError(f"model {name!r} has no primary version")
+            return state, state.primary
+        found = state.version(version)
+        if found is None or not found.servable:
+            why = "is unknown" if found is None else f"is {found.status.value}"
+            raise ModelNotFoundError(f"model {name!r} version {version!r} {why}")
+        return state, version
 
     async def manifest(self, name: str, version: str | None = None) -> Manifest:
-        """The manifest of a version, or of the serving version; `ModelNotFoundError` if none."""
-        resolved = version if version is not None else await self.serving_version(name)
+        """The manifest of a servable version, or of the primary; `ModelNotFoundError` if none."""
+        _, resolved = await self._resolve(name, version)
         cached = self._manifests.get((name, resolved))
         if cached is not None:
             return cached
@@ -83,12 +87,24 @@ class ModelCatalog:
         self._manifests[(name, resolved)] = found
         return found
 
+    async def check_ready(self, name: str, version: str | None = None) -> None:
+        """Return when a worker has the version (or the primary) loaded and warm; otherwise
+        `ModelUnavailableError` (or `ModelNotFoundError` when it is not served at all)."""
+        state, resolved = await self._resolve(name, version)
+        found = state.version(resolved)
+        if found is None or not found.ready:
+            raise ModelUnavailableError(
+                f"model {name!r} version {resolved!r} is not loaded by any worker yet"
+            )
+
     async def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         """V2 model metadata; `versions` lists every version that may be asked for by name."""
+        state, _ = await self._resolve(name, version)
         manifest = await self.manifest(name, version)
+        servable = sorted((v.version for v in state.versions if v.servable), key=natural_key)
         return {
             "name": name,
-            "versions": await self._source.versions(name),
+            "versions": servable,
             "platform": PLATFORMS.get(manifest.runtime, manifest.runtime),
             "inputs": [spec.model_dump(mode="json") for spec in manifest.signature.inputs],
             "outputs": [spec.model_dump(mode="json") for spec in manifest.signature.outputs],

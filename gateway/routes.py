@@ -60,13 +60,13 @@ async def version_metadata(request: Request, model: str, version: str) -> dict[s
 
 @router.get("/v2/models/{model}/ready")
 async def model_ready(request: Request, model: str) -> dict[str, Any]:
-    await _runtime(request).services.catalog.manifest(model)
+    await _runtime(request).services.catalog.check_ready(model)
     return {"name": model, "ready": True}
 
 
 @router.get("/v2/models/{model}/versions/{version}/ready")
 async def version_ready(request: Request, model: str, version: str) -> dict[str, Any]:
-    await _runtime(request).services.catalog.manifest(model, version)
+    await _runtime(request).services.catalog.check_ready(model, version)
     return {"name": model, "version": version, "ready": True}
 
 

@@ -2,16 +2,18 @@
 
 `GatewayConfig` bundles the settings; `GatewayServices` holds the publisher, the reply feed, the
 result store, the model catalog and the result decoder. `kafka_services` builds the real ones
-(Kafka, Redis, the registry, the artifact store); tests build in-memory ones instead.
+(Kafka, Redis, the registry, the artifact store, the lifecycle feed that says which versions are
+served); tests build in-memory ones instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.models import ModelCatalog, ServingConfig
+from gateway.models import ModelCatalog
 from gateway.publisher import RequestPublisher
 from gateway.replies import ReplyFeed
 from gateway.results import ResultStore
@@ -65,6 +67,7 @@ def kafka_services(config: GatewayConfig) -> GatewayServices:
     from gateway.lease import PartitionLease
     from gateway.publisher import KafkaPublisher
     from gateway.results import RedisResultStore
+    from lifecycle.feed import LifecycleFeed
     from schemas import INFERENCE_RESULT, AvroDecoder, load_schema
 
     password = config.redis.password.get_secret_value() if config.redis.password else None
@@ -82,10 +85,16 @@ def kafka_services(config: GatewayConfig) -> GatewayServices:
     lease = PartitionLease(
         redis, topic=config.topics.replies, owner=gateway.replica_id, lease_s=gateway.reply_lease_s
     )
+    lifecycle = LifecycleFeed(
+        config.kafka, config.topics, config.registry, name=f"gateway-{gateway.replica_id}"
+    )
+    lifecycle.start()
+
+    async def stop_lifecycle() -> None:
+        await asyncio.to_thread(lifecycle.stop)
+
     return GatewayServices(
-        catalog=ModelCatalog(
-            LocalArtifactStore(config.models), ServingConfig(config.models.serving_config)
-        ),
+        catalog=ModelCatalog(LocalArtifactStore(config.models), lifecycle),
         publisher=KafkaPublisher(config.kafka, config.topics, config.registry),
         feed=KafkaReplyFeed(
             config.kafka,
@@ -96,5 +105,5 @@ def kafka_services(config: GatewayConfig) -> GatewayServices:
         ),
         store=RedisResultStore(redis, gateway.result_ttl_s),
         decode_result=decode,
-        closers=[redis.aclose],
+        closers=[redis.aclose, stop_lifecycle],
     )

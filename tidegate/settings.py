@@ -255,10 +255,6 @@ class ModelSettings(BaseSettings):
     model_config = _config("TIDEGATE_MODELS_")
 
     store_dir: Path = Field(Path("var/models"), description="Root of the local artifact store.")
-    serving_config: Path = Field(
-        Path("infra/serving.toml"),
-        description="Which version of each model serves, until the lifecycle replaces it.",
-    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto picks CUDA when present, the CPU otherwise."
     )

@@ -95,6 +95,7 @@ class _FraudBuilder(ModelBuilder):
             entrypoint=entrypoint,
             files={entrypoint: ""},
             signature=FRAUD_SIGNATURE,
+            task="classifier",
             description=f"{self.summary} Test accuracy {trained.accuracy:.4f}.{self._extra()}",
         )
 

@@ -96,6 +96,7 @@ class MinilmV1(ModelBuilder):
             entrypoint="model.onnx",
             files={"model.onnx": "", "tokenizer.json": ""},
             signature=MINILM_SIGNATURE,
+            task="embedding",
             preprocess={
                 "kind": "tokenizer",
                 "file": "tokenizer.json",

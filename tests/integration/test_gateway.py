@@ -1,9 +1,11 @@
-"""The gateway against the real Kafka, Redis and schema registry, with a fake worker.
+"""The gateway against the real Kafka, Redis, schema registry and PostgreSQL, with a fake worker.
 
-Each test gets its own requests, results and replies topics (and their subjects), and runs the
-gateway with uvicorn in a thread on a free port. `FakeWorker` stands in for the worker agents: it
-reads the requests topic, answers after an optional `fake_delay_s` request parameter, and
-publishes each InferenceResult to the results topic and to the request's `reply_to` partition.
+Each test gets its own requests, results, replies and lifecycle topics (and their subjects), and
+runs the gateway with uvicorn in a thread on a free port. Which models are served comes from
+lifecycle events appended through `LifecycleLog` (into the test's own database schema), which the
+gateway reads from the lifecycle topic. `FakeWorker` stands in for the worker agents: it reads the
+requests topic, answers after an optional `fake_delay_s` request parameter, and publishes each
+InferenceResult to the results topic and to the request's `reply_to` partition.
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ from gateway.app import create_app
 from gateway.lease import lease_key
 from gateway.runtime import GatewayRuntime
 from gateway.services import GatewayConfig
+from lifecycle import events as ev
+from lifecycle.events import NewEvent
+from lifecycle.log import LifecycleLog
+from schemas import MODEL_LIFECYCLE_EVENT
+from schemas.registration import RegistryHttp, register_all
 from tests.integration.fakes import FakeWorker, register_subjects
 from tests.support import unique, wait_for
 from tests.unit.test_gateway_app import ECHO, FRAUD, manifest
 from tidegate.settings import (
     GatewaySettings,
     KafkaSettings,
+    LifecycleSettings,
     ModelSettings,
+    PostgresSettings,
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
@@ -82,7 +91,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
     root = tmp_path_factory.mktemp("gateway-models")
     (root / "src").mkdir()
     (root / "src" / "model.bin").write_bytes(b"not a real model")
-    settings = ModelSettings(store_dir=root / "store", serving_config=root / "serving.toml")
+    settings = ModelSettings(store_dir=root / "store")
     store = LocalArtifactStore(settings)
     for m in (
         manifest("fraud", "1", FRAUD),
@@ -90,9 +99,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
         manifest("echo", "1", ECHO),
     ):
         asyncio.run(store.put(root / "src", m.model_copy(update={"files": {"model.bin": ""}})))
-    settings.serving_config.write_text(
-        '[models.fraud]\nversion = "1"\n[models.echo]\nversion = "1"\n'
-    )
     return settings
 
 
@@ -104,10 +110,49 @@ def topics(
         requests=new_topic("it-gw-requests", 4),
         results=new_topic("it-gw-results", 4),
         replies=new_topic("it-gw-replies", 4),
+        lifecycle=new_topic("it-gw-lifecycle", 1),
         reply_partitions=4,
     )
     register_subjects(registry_settings, settings)
+    with RegistryHttp(registry_settings) as http:
+        list(register_all(http, {f"{settings.lifecycle}-value": MODEL_LIFECYCLE_EVENT}))
     return settings
+
+
+def served(*versions: str, primary: str, runtime: str = "onnx") -> list[ev.Payload]:
+    """Each version registered, validated and warm on the fake worker; `primary` promoted."""
+    out: list[ev.Payload] = []
+    for version in versions:
+        out += [
+            ev.ModelRegistered(version, runtime, f"store://{version}", {}),
+            ev.ArtifactValidated(version),
+            ev.VersionLoaded(version, "fake-worker"),
+        ]
+    return [*out, ev.Promoted(primary)]
+
+
+@pytest.fixture
+def lifecycle(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    pg_settings: PostgresSettings,
+) -> None:
+    """fraud 1 (primary) and 2, echo 1 (primary): what the fake worker serves."""
+
+    async def append() -> None:
+        log = LifecycleLog.from_settings(
+            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+        )
+        async with log:
+            for model, payloads in (
+                ("fraud", served("1", "2", primary="1")),
+                ("echo", served("1", primary="1")),
+            ):
+                events = [NewEvent(p, actor="it") for p in payloads]
+                await log.append(model, events, expected_version=0)
+
+    asyncio.run(append())
 
 
 @pytest.fixture
@@ -116,6 +161,7 @@ def start_gateway(
     topics: TopicSettings,
     models: ModelSettings,
     registry_settings: SchemaRegistrySettings,
+    lifecycle: None,
 ) -> Iterator[Callable[..., GatewayServer]]:
     started: list[GatewayServer] = []
 
@@ -289,3 +335,32 @@ def test_replica_that_cannot_hold_a_lease_is_not_ready(
     )
     resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body())
     assert resp.status_code == 200, resp.text
+
+
+def test_served_versions_follow_lifecycle_events_live(
+    start_gateway: Callable[..., GatewayServer],
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    pg_settings: PostgresSettings,
+) -> None:
+    gateway = start_gateway()
+    assert gateway.http.get("/v2/models/fraud").json()["versions"] == ["1", "2"]
+    assert gateway.http.get("/v2/models/fraud/versions/2/ready").status_code == 200
+
+    async def retire() -> None:
+        log = LifecycleLog.from_settings(
+            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+        )
+        async with log:
+            await log.append("fraud", [NewEvent(ev.Retired("2"))], expected_version=None)
+
+    asyncio.run(retire())
+    wait_for(
+        lambda: gateway.http.get("/v2/models/fraud/versions/2").status_code == 404,
+        timeout=20,
+        what="the gateway to see version 2 retired",
+    )
+    assert gateway.http.get("/v2/models/fraud").json()["versions"] == ["1"]
+    resp = gateway.http.post("/v2/models/fraud/versions/2/infer", json=fraud_body())
+    assert resp.status_code == 404, resp.text

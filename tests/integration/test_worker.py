@@ -1,7 +1,10 @@
-"""The worker against the real Kafka and schema registry, with unique topics and groups per test.
+"""The worker against the real Kafka, schema registry and PostgreSQL, with unique topics, groups
+and database schema per test.
 
-Models are a tiny ONNX graph (MatMul + Softmax) put into a temporary artifact store and served by
-the real runtime; the isolation test swaps in a runtime that fails on NaN.
+Models are a tiny ONNX graph (MatMul + Softmax), two versions with different weights, put into a
+temporary artifact store and served by the real runtime; the isolation test swaps in a runtime
+that fails on NaN. What serves is decided by lifecycle events appended through `LifecycleLog`
+(version 1 registered, validated and promoted), which the worker reads from its lifecycle topic.
 """
 
 from __future__ import annotations
@@ -14,27 +17,29 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from agents.loaded import LoadedModel, ModelCache, store_loader
+from agents.assembly import RunningWorker, WorkerConfig, running_worker
+from agents.loaded import LoadedModel, ModelLoader
 from agents.manifest import Manifest
 from agents.runtime.base import Arrays, ModelRuntime
-from agents.service import InferenceService
-from agents.serving import ServingResolver
 from agents.signature import Signature, TensorSpec
 from agents.store import LocalArtifactStore
-from agents.worker import InferenceWorker
+from lifecycle import events as ev
+from lifecycle.events import NewEvent
+from lifecycle.log import LifecycleLog
 from schemas import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
@@ -50,12 +55,15 @@ from tidegate.errors import ModelExecutionError
 from tidegate.kafka import make_consumer, make_producer
 from tidegate.settings import (
     KafkaSettings,
+    LifecycleSettings,
     ModelSettings,
+    PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
     WorkerSettings,
 )
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 SIGNATURE = Signature(
     inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),
@@ -63,41 +71,53 @@ SIGNATURE = Signature(
 )
 
 
+TINY_WEIGHTS = {
+    "1": [[1, -1], [0.5, 0], [0, 0.5], [-1, 1]],
+    "2": [[1, -1], [0, 0.5], [0.5, 0], [-1, 1.5]],  # agrees with 1 on most rows, not all
+}
+
+
 def build_tiny_model(store_dir: Path) -> ModelSettings:
-    """Put `tiny` version 1 (softmax(x @ W)) into a fresh store; serve it from a fresh table."""
+    """Put `tiny` versions 1 and 2 (softmax(x @ W), two W) into a fresh store."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    weights = np.array([[1, -1], [0.5, 0], [0, 0.5], [-1, 1]], dtype=np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["features", "W"], ["logits"]),
-            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
-        ],
-        "tiny",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])],
-        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])],
-        [numpy_helper.from_array(weights, "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    source = store_dir / "source"
-    source.mkdir(parents=True)
-    onnx.save(model, str(source / "model.onnx"))
-    settings = ModelSettings(
-        store_dir=store_dir / "store", serving_config=store_dir / "serving.toml"
-    )
-    manifest = Manifest(
-        name="tiny",
-        version="1",
-        runtime="onnx",
-        entrypoint="model.onnx",
-        files={"model.onnx": ""},
-        signature=SIGNATURE,
-    )
-    asyncio.run(LocalArtifactStore(settings).put(source, manifest))
-    settings.serving_config.write_text('[models.tiny]\nversion = "1"\n')
+    settings = ModelSettings(store_dir=store_dir / "store")
+    for version, weights in TINY_WEIGHTS.items():
+        graph = helper.make_graph(
+            [
+                helper.make_node("MatMul", ["features", "W"], ["logits"]),
+                helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+            ],
+            "tiny",
+            [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])],
+            [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])],
+            [numpy_helper.from_array(np.array(weights, dtype=np.float32), "W")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 9
+        source = store_dir / f"source-{version}"
+        source.mkdir(parents=True)
+        onnx.save(model, str(source / "model.onnx"))
+        manifest = Manifest(
+            name="tiny",
+            version=version,
+            runtime="onnx",
+            entrypoint="model.onnx",
+            files={"model.onnx": ""},
+            signature=SIGNATURE,
+            task="classifier",
+        )
+        asyncio.run(LocalArtifactStore(settings).put(source, manifest))
     return settings
+
+
+def tiny_softmax(version: str, features: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    """What `tiny` `version` computes, directly."""
+    logits = features.astype(np.float64) @ np.array(TINY_WEIGHTS[version], dtype=np.float64)
+    exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities: npt.NDArray[np.float64] = exp / exp.sum(axis=1, keepdims=True)
+    return probabilities
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +125,26 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
     return build_tiny_model(tmp_path_factory.mktemp("models"))
 
 
+def registered(models: ModelSettings, *versions: str) -> list[ev.Payload]:
+    """ModelRegistered and ArtifactValidated of each stored version of `tiny`."""
+    store = LocalArtifactStore(models)
+    out: list[ev.Payload] = []
+    for version in versions:
+        files = asyncio.run(store.manifest("tiny", version)).files
+        uri = f"file://{store.package_dir('tiny', version)}"
+        out += [
+            ev.ModelRegistered(version, "onnx", uri, dict(files)),
+            ev.ArtifactValidated(version),
+        ]
+    return out
+
+
 @dataclass
 class Stack:
     kafka: KafkaSettings
     topics: TopicSettings
     registry: SchemaRegistrySettings
+    pg: PostgresSettings
     group: str
     encoder: AvroEncoder
     results: AvroDecoder
@@ -122,25 +157,58 @@ class Stack:
             "TIDEGATE_TOPICS_RESULTS": self.topics.results,
             "TIDEGATE_TOPICS_FAILED": self.topics.failed,
             "TIDEGATE_TOPICS_POISON": self.topics.poison,
+            "TIDEGATE_TOPICS_LIFECYCLE": self.topics.lifecycle,
+            "TIDEGATE_TOPICS_SHADOW": self.topics.shadow,
+            "TIDEGATE_POSTGRES_DB_SCHEMA": self.pg.db_schema,
             "TIDEGATE_WORKER_GROUP_ID": self.group,
             "TIDEGATE_WORKER_METRICS_PORT": "0",
             "TIDEGATE_MODELS_STORE_DIR": str(models.store_dir),
-            "TIDEGATE_MODELS_SERVING_CONFIG": str(models.serving_config),
             "PYTHONPATH": str(ROOT),
             **extra,
         }
 
+    def log(self) -> LifecycleLog:
+        return LifecycleLog.from_settings(
+            self.pg, LifecycleSettings(), self.kafka, self.topics, self.registry
+        )
+
+    async def append(self, *payloads: ev.Payload, model: str = "tiny") -> None:
+        """Append lifecycle events as an operator would (they reach the topic on return)."""
+        async with self.log() as log:
+            await log.append(
+                model, [NewEvent(p, actor="it") for p in payloads], expected_version=None
+            )
+
+    async def history(self, model: str = "tiny") -> list[ev.Payload]:
+        async with self.log() as log:
+            return [e.payload for e in await log.read(model)]
+
 
 @pytest.fixture
-def stack(admin: AdminClient, kafka_settings: KafkaSettings) -> Iterator[Stack]:
+def stack(
+    admin: AdminClient,
+    kafka_settings: KafkaSettings,
+    pg_settings: PostgresSettings,
+    models: ModelSettings,
+) -> Iterator[Stack]:
     topics = TopicSettings(
         requests=unique("w-requests"),
         results=unique("w-results"),
         replies=unique("w-replies"),
         failed=unique("w-failed"),
         poison=unique("w-poison"),
+        lifecycle=unique("w-lifecycle"),
+        shadow=unique("w-shadow"),
     )
-    names = [topics.requests, topics.results, topics.replies, topics.failed, topics.poison]
+    names = [
+        topics.requests,
+        topics.results,
+        topics.replies,
+        topics.failed,
+        topics.poison,
+        topics.lifecycle,
+        topics.shadow,
+    ]
     new = [NewTopic(n, num_partitions=4, replication_factor=1) for n in names]
     for future in admin.create_topics(new).values():
         future.result(timeout=30)
@@ -148,15 +216,19 @@ def stack(admin: AdminClient, kafka_settings: KafkaSettings) -> Iterator[Stack]:
     with RegistryHttp(registry) as http:
         list(register_all(http, topic_subjects(topics)))
     client = SchemaRegistryClient(registry.client_config())
-    yield Stack(
+    built = Stack(
         kafka_settings,
         topics,
         registry,
+        pg_settings,
         unique("w-group"),
         AvroEncoder(client, load_schema(INFERENCE_REQUEST)),
         AvroDecoder(client, load_schema(INFERENCE_RESULT)),
         AvroDecoder(client, load_schema(DEAD_LETTER_ENVELOPE)),
     )
+    # tiny 1 serves; 2 is validated and takes no traffic until a test gives it some.
+    asyncio.run(built.append(*registered(models, "1", "2"), ev.Promoted("1")))
+    yield built
     for future in admin.delete_topics(names).values():
         future.result(timeout=30)
 
@@ -222,28 +294,20 @@ class Reader:
 
 
 @asynccontextmanager
-async def running_worker(
-    stack: Stack, service: InferenceService, **settings: Any
-) -> AsyncIterator[InferenceWorker]:
-    await service.start()
-    worker = InferenceWorker(
-        service,
-        settings=WorkerSettings(group_id=stack.group, metrics_port=0, **settings),
+async def running(
+    stack: Stack, models: ModelSettings, loader: ModelLoader | None = None, **settings: Any
+) -> AsyncIterator[RunningWorker]:
+    """The worker as `tidegate worker` assembles it (with an optional fake model loader)."""
+    config = WorkerConfig(
+        worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0, **settings),
         kafka=stack.kafka,
         topics=stack.topics,
+        models=models,
         registry=stack.registry,
+        postgres=stack.pg,
     )
-    await worker.start()
-    try:
+    async with running_worker(config, loader=loader) as worker:
         yield worker
-    finally:
-        await worker.stop()
-        await service.stop()
-
-
-def real_service(models: ModelSettings) -> InferenceService:
-    resolver = ServingResolver({"tiny": "1"}, LocalArtifactStore(models))
-    return InferenceService(resolver, ModelCache(store_loader(models)), worker_id="it")
 
 
 async def in_thread(fn: Any, *args: Any) -> Any:
@@ -265,11 +329,12 @@ async def test_bad_input_never_blocks_its_partition(stack: Stack, models: ModelS
         ],
     )
     poison, results = Reader(stack, stack.topics.poison), Reader(stack, stack.topics.results)
-    async with running_worker(stack, real_service(models)):
+    async with running(stack, models):
         got = {r["request_id"]: r for r in await in_thread(results.until, 3)}
         letters = await in_thread(poison.until, 3)
     assert got["fine"]["status"] == "OK"
     assert got["fine"]["model_version"] == "1"
+    assert got["fine"]["routing_rule"].startswith("split@")
     assert got["late"]["status"] == "DEADLINE_EXCEEDED"
     assert got["late"]["timings"]["compute_ms"] == 0.0
     assert got["late"]["batch_size"] == 0
@@ -284,6 +349,62 @@ async def test_bad_input_never_blocks_its_partition(stack: Stack, models: ModelS
     assert {e["source"]["topic"] for e in letters} == {stack.topics.requests}
     poison.close()
     results.close()
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], what: str, limit_s: float = 30.0
+) -> T:
+    """`wait_for` for async probes: poll on the event loop until `probe` gives something."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        found = await probe()
+        if found:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
+
+
+def reports(history: list[ev.Payload]) -> list[tuple[str, str, str]]:
+    """The worker reports in a stream: (event type, version, unload reason)."""
+    return [
+        (type(p).__name__, p.version, getattr(p, "reason", ""))
+        for p in history
+        if isinstance(p, ev.VersionLoaded | ev.VersionUnloaded) and p.worker_id == "it"
+    ]
+
+
+async def test_the_worker_reports_what_it_loads_and_unloads(
+    stack: Stack, models: ModelSettings
+) -> None:
+    async with running(stack, models) as worker:
+        history = await stack.history()
+        assert reports(history) == [("VersionLoaded", "1", "")], "not loaded before consuming"
+        loaded = next(p for p in history if isinstance(p, ev.VersionLoaded))
+        assert isinstance(loaded, ev.VersionLoaded)
+        assert loaded.load_ms > 0
+
+        async def warm_here() -> bool:
+            state = worker.feed.state("tiny")
+            version = state.version("1") if state else None
+            return version is not None and version.loaded_on == {"it"}
+
+        await eventually(warm_here, "the worker's own report to come back through its feed")
+        await stack.append(ev.Promoted("2"))  # wanted now: loaded in the background
+
+        async def reported(count: int) -> bool:
+            return len(reports(await stack.history())) == count
+
+        await eventually(lambda: reported(2), "the load of 2")
+        await stack.append(ev.Retired("1"))
+        await eventually(lambda: reported(3), "the unload of 1")
+        assert worker.versions.ready("tiny", "2")
+        assert not worker.versions.ready("tiny", "1")
+    assert reports(await stack.history()) == [
+        ("VersionLoaded", "1", ""),
+        ("VersionLoaded", "2", ""),
+        ("VersionUnloaded", "1", "retired"),
+        ("VersionUnloaded", "2", "worker stopping"),
+    ]
 
 
 class NanFailingRuntime(ModelRuntime):
@@ -312,15 +433,10 @@ async def test_a_failing_input_does_not_fail_its_batch_mates(
     async def loader(name: str, version: str) -> LoadedModel:
         return LoadedModel(name, version, SIGNATURE, runtime)
 
-    service = InferenceService(
-        ServingResolver({"tiny": "1"}, LocalArtifactStore(models)),
-        ModelCache(loader),
-        worker_id="it",
-    )
     batch = [request(f"r{i}", "same-key", [float("nan")] * 4 if i == 3 else None) for i in range(8)]
     publish(stack, batch)
     results, failed = Reader(stack, stack.topics.results), Reader(stack, stack.topics.failed)
-    async with running_worker(stack, service, max_batch_size=8, max_batch_delay_ms=200):
+    async with running(stack, models, loader, max_batch_size=8, max_batch_delay_ms=200):
         got = {r["request_id"]: r for r in await in_thread(results.until, 8)}
         (envelope,) = await in_thread(failed.until, 1)
     assert got.pop("r3")["status"] == "ERROR"
@@ -348,7 +464,7 @@ async def test_keyed_requests_get_results_in_per_key_order(
     ]
     publish(stack, batch)
     results, replies = Reader(stack, stack.topics.results), Reader(stack, stack.topics.replies)
-    async with running_worker(stack, real_service(models)):
+    async with running(stack, models):
         got = await in_thread(results.until, 200)
         replied = await in_thread(replies.until, 50)
     assert len({r["request_id"] for r in got}) == 200
@@ -491,17 +607,12 @@ async def test_consumption_pauses_at_max_in_flight(stack: Stack, models: ModelSe
     async def loader(name: str, version: str) -> LoadedModel:
         return LoadedModel(name, version, SIGNATURE, runtime)
 
-    service = InferenceService(
-        ServingResolver({"tiny": "1"}, LocalArtifactStore(models)),
-        ModelCache(loader),
-        worker_id="it",
-    )
     publish(stack, [request(f"p{i}", f"k{i % 8}") for i in range(120)])
     results = Reader(stack, stack.topics.results)
-    async with running_worker(stack, service, max_in_flight=20, max_batch_size=4) as worker:
+    async with running(stack, models, loader, max_in_flight=20, max_batch_size=4) as worker:
 
         def in_flight() -> int:
-            return sum(p.tracker.in_flight for p in worker._pipelines.values())
+            return sum(p.tracker.in_flight for p in worker.worker._pipelines.values())
 
         deadline = time.monotonic() + 2.0
         peak = 0

@@ -27,13 +27,16 @@ from agents.manifest import Manifest
 from agents.signature import Signature, TensorSpec
 from agents.tensors import from_numpy, to_numpy
 from gateway.app import create_app
-from gateway.models import ModelCatalog, ServingConfig
+from gateway.models import ModelCatalog
 from gateway.publisher import RequestPublisher
 from gateway.replies import Deliver, ReplyFeed
 from gateway.results import ResultStore, StoredRequest
 from gateway.services import GatewayConfig, GatewayServices
+from lifecycle import events as ev
+from lifecycle.state import ModelState
 from schemas import INFERENCE_RESULT, load_schema
 from tests.support import wait_for
+from tests.unit.test_service import lifecycle_state, registered
 from tidegate.errors import ModelNotFoundError
 from tidegate.producer import PublishError
 from tidegate.settings import GatewaySettings, ModelSettings
@@ -195,10 +198,30 @@ class MemoryStore(ResultStore):
         self.requests.pop(request_id, None)
 
 
+class MemoryLifecycle:
+    """The model states a `LifecycleFeed` would have folded, set by the test."""
+
+    def __init__(self, *states: ModelState) -> None:
+        self.states = {state.model: state for state in states}
+
+    def state(self, model: str) -> ModelState | None:
+        return self.states.get(model)
+
+    async def caught_up(self, timeout_s: float) -> None:
+        """Always caught up."""
+
+
+def served_models() -> MemoryLifecycle:
+    """fraud 1 (primary) and 2, echo 1 (primary): validated and warm on some worker."""
+    return MemoryLifecycle(
+        lifecycle_state("fraud", *registered("1", "2"), ev.Promoted("1")),
+        lifecycle_state("echo", *registered("1"), ev.Promoted("1")),
+    )
+
+
 class Harness:
     def __init__(self, tmp_path: Path, **gateway: Any) -> None:
-        serving = tmp_path / "serving.toml"
-        serving.write_text('[models.fraud]\nversion = "1"\n[models.echo]\nversion = "1"\n')
+        self.lifecycle = served_models()
         self.feed = FakeFeed()
         self.worker = FakeWorker(self.feed)
         self.store = MemoryStore()
@@ -208,7 +231,7 @@ class Harness:
             manifest("echo", "1", ECHO),
         )
         self.services = GatewayServices(
-            catalog=ModelCatalog(source, ServingConfig(serving)),
+            catalog=ModelCatalog(source, self.lifecycle),
             publisher=self.worker,
             feed=self.feed,
             store=self.store,
@@ -217,7 +240,7 @@ class Harness:
         settings = {"default_timeout_s": 5.0, "max_body_bytes": 4096, **gateway}
         self.config = GatewayConfig(
             gateway=GatewaySettings(**settings),
-            models=ModelSettings(store_dir=tmp_path, serving_config=serving),
+            models=ModelSettings(store_dir=tmp_path),
         )
 
     def client(self) -> TestClient:
@@ -297,6 +320,28 @@ def test_model_metadata(client: TestClient) -> None:
     assert client.get("/v2/models/fraud/versions/2/ready").status_code == 200
     for path in ("/v2/models/nope", "/v2/models/fraud/versions/9", "/v2/models/nope/ready"):
         assert problem_of(client.get(path), 404)["code"] == "NOT_FOUND"
+
+
+def test_served_versions_and_readiness_follow_the_lifecycle(
+    client: TestClient, harness: Harness
+) -> None:
+    harness.lifecycle.states["fraud"] = lifecycle_state(
+        "fraud",
+        *registered("1", "3"),
+        *registered("2", loaded_on=None),
+        ev.Promoted("1"),
+        ev.Retired("3"),
+    )
+    assert client.get("/v2/models/fraud").json()["versions"] == ["1", "2"]
+    for path in ("/v2/models/fraud/versions/3", "/v2/models/fraud/versions/3/ready"):
+        assert "retired" in problem_of(client.get(path), 404)["detail"]
+    problem_of(client.post("/v2/models/fraud/versions/3/infer", json=features()), 404)
+    not_warm = problem_of(client.get("/v2/models/fraud/versions/2/ready"), 503)
+    assert "not loaded" in not_warm["detail"]
+    assert client.get("/v2/models/fraud/versions/2").status_code == 200
+    harness.lifecycle.states["echo"] = lifecycle_state("echo", *registered("1"))
+    assert "no primary" in problem_of(client.get("/v2/models/echo/ready"), 404)["detail"]
+    assert harness.worker.published == []
 
 
 def test_unknown_routes_answer_problems(client: TestClient) -> None:

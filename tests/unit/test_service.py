@@ -1,9 +1,19 @@
-"""The inference service with fake runtimes: answers without compute, sub-batching, bisection."""
+"""The inference service with fake runtimes: routing by the lifecycle's table, answers without
+compute, sub-batching, bisection.
+
+The routing tables are folded from lifecycle events (`lifecycle.state.fold`), exactly as the
+worker's feed folds them; `lifecycle_table` and `Tables` are shared with the other agent tests.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -14,11 +24,13 @@ from agents.loaded import LoadedModel, ModelCache
 from agents.manifest import ModelPackage
 from agents.runtime.base import Arrays, ModelRuntime
 from agents.service import InferenceService
-from agents.serving import EXPLICIT, SERVING_CONFIG, ServingResolver, load_serving_table
 from agents.signature import Signature, TensorSpec
 from agents.tasks import InferenceTask
+from agents.versions import VersionManager
+from lifecycle import events as ev
+from lifecycle.routing import EXPLICIT, RoutingTable
+from lifecycle.state import ModelState, fold
 from tidegate.errors import (
-    ConfigurationError,
     InvalidInputError,
     ModelExecutionError,
     ModelNotFoundError,
@@ -58,24 +70,85 @@ class FakeRuntime(ModelRuntime):
         return {"probabilities": probabilities.astype(np.float32), "score": total}
 
 
-class FakeStore:
-    def __init__(self, versions: dict[str, list[str]]) -> None:
-        self._versions = versions
+def recorded(model: str, payloads: list[ev.Payload]) -> list[ev.RecordedEvent]:
+    """The events as the store would number them (sequences from 1)."""
+    now = datetime.now(UTC)
+    return [
+        ev.RecordedEvent(uuid.uuid4(), model, seq, seq, now, payload)
+        for seq, payload in enumerate(payloads, start=1)
+    ]
 
-    async def versions(self, name: str) -> list[str]:
-        return self._versions.get(name, [])
+
+def registered(*versions: str, loaded_on: str | None = "w-other") -> list[ev.Payload]:
+    """Register and validate each version; report it warm on another worker."""
+    out: list[ev.Payload] = []
+    for version in versions:
+        out.append(ev.ModelRegistered(version, "onnx", f"store://fraud/{version}", {}))
+        out.append(ev.ArtifactValidated(version))
+        if loaded_on:
+            out.append(ev.VersionLoaded(version, loaded_on))
+    return out
 
 
-def make_service(**runtime_options: Any) -> tuple[InferenceService, dict[str, FakeRuntime]]:
+def lifecycle_state(model: str, *payloads: ev.Payload) -> ModelState:
+    return fold(model, recorded(model, list(payloads)))
+
+
+def lifecycle_table(model: str, *payloads: ev.Payload) -> RoutingTable:
+    return RoutingTable.from_state(lifecycle_state(model, *payloads))
+
+
+def fraud_table(*extra: ev.Payload) -> RoutingTable:
+    """fraud 1 (primary) and 2 (validated, no traffic), then `extra`."""
+    return lifecycle_table("fraud", *registered("1", "2"), ev.Promoted("1"), *extra)
+
+
+class Tables:
+    """The routing tables of a `LifecycleFeed`, set by the test."""
+
+    def __init__(self, *tables: RoutingTable) -> None:
+        self.tables = {t.model: t for t in tables}
+
+    def table(self, model: str) -> RoutingTable | None:
+        return self.tables.get(model)
+
+
+class Reports:
+    """Collects what a VersionManager appends to the lifecycle log."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ev.Payload]] = []
+
+    async def __call__(self, stream: str, events: Any) -> None:
+        self.events.extend((stream, e.payload) for e in events)
+
+    def of(self, kind: type[ev.Payload]) -> list[ev.Payload]:
+        return [p for _, p in self.events if isinstance(p, kind)]
+
+
+def make_service(
+    table: RoutingTable | None = None, *, broken: Collection[str] = (), **runtime_options: Any
+) -> tuple[InferenceService, dict[str, FakeRuntime]]:
+    """fraud versions 1 and 2 on fake runtimes; loading a `broken` version fails."""
     runtimes = {v: FakeRuntime(v, **runtime_options) for v in ("1", "2")}
 
     async def loader(name: str, version: str) -> LoadedModel:
         if name != "fraud" or version not in runtimes:
             raise ModelNotFoundError(f"no {name} {version}")
+        if version in broken:
+            raise OSError(f"{name} {version} is corrupt")
         return LoadedModel(name, version, SIGNATURE, runtimes[version])
 
-    resolver = ServingResolver({"fraud": "1"}, FakeStore({"fraud": ["1", "2"]}))
-    return InferenceService(resolver, ModelCache(loader), worker_id="w-test"), runtimes
+    tables = Tables(table or fraud_table())
+    versions = VersionManager(
+        ModelCache(loader), tables, Reports(), worker_id="w-test", max_loaded=8
+    )
+    return InferenceService(tables, versions, worker_id="w-test"), runtimes
+
+
+def manager(service: InferenceService) -> VersionManager:
+    assert isinstance(service.models, VersionManager)
+    return service.models
 
 
 def task(
@@ -88,14 +161,16 @@ def task(
     name: str = "features",
     deadline_ms: float | None = None,
     outputs: list[str] | None = None,
+    tenant: str = "t1",
+    key: str | None = None,
 ) -> InferenceTask:
     values = features if features is not None else [1.0, 2.0, 3.0, 4.0]
     request: dict[str, Any] = {
         "request_id": rid,
         "model": model,
         "model_version": version,
-        "tenant": "t1",
-        "routing_key": f"key-{rid}",
+        "tenant": tenant,
+        "routing_key": key if key is not None else f"key-{rid}",
         "inputs": [
             {
                 "name": name,
@@ -114,6 +189,15 @@ def task(
     return InferenceTask(request, source={"topic": "req", "partition": 3, "offset": 42})
 
 
+async def until(probe: Callable[[], object], limit_s: float = 5.0) -> None:
+    """Poll `probe` on the event loop until it is truthy; fail after `limit_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not probe():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
 async def run(service: InferenceService, tasks: list[InferenceTask]) -> list[dict[str, Any]]:
     return await service.process(tasks, [1.5] * len(tasks))
 
@@ -126,7 +210,7 @@ async def test_a_batch_runs_as_one_call_and_is_split_back_per_request() -> None:
     a, _, c = results
     assert a["request_id"] == "a"
     assert a["model_version"] == "1"
-    assert a["routing_rule"] == SERVING_CONFIG
+    assert a["routing_rule"] == "split@7"  # the sequence of the table's last event
     assert a["worker_id"] == "w-test"
     assert a["batch_size"] == 3
     assert a["timings"]["batch_ms"] == 1.5
@@ -175,13 +259,26 @@ async def test_inputs_not_matching_the_signature_are_invalid_without_compute(
 
 
 async def test_unknown_models_and_versions_are_not_found_without_compute() -> None:
-    service, runtimes = make_service()
-    results = await run(service, [task("a", model="nope"), task("b", version="9")])
-    assert [r["status"] for r in results] == ["NOT_FOUND", "NOT_FOUND"]
-    assert [r["model_version"] for r in results] == [None, None]
+    service, runtimes = make_service(fraud_table(ev.Retired("2")))
+    results = await run(
+        service, [task("a", model="nope"), task("b", version="9"), task("c", version="2")]
+    )
+    assert [r["status"] for r in results] == ["NOT_FOUND"] * 3
+    assert [r["model_version"] for r in results] == [None] * 3
     assert results[0]["error"]["code"] == "NOT_FOUND"
+    assert "retired" in results[2]["error"]["message"]
     assert runtimes["1"].calls == []
     assert runtimes["2"].calls == []
+
+
+async def test_a_model_with_no_version_taking_traffic_is_not_found() -> None:
+    table = lifecycle_table("fraud", *registered("1"))  # validated, never promoted
+    service, _ = make_service(table)
+    (result,) = await run(service, [task("a")])
+    assert result["status"] == "NOT_FOUND"
+    (explicit,) = await run(service, [task("b", version="1")])
+    assert explicit["status"] == "OK"
+    assert explicit["routing_rule"] == EXPLICIT
 
 
 async def test_an_explicit_version_is_honoured_and_sub_batched_apart() -> None:
@@ -190,12 +287,7 @@ async def test_an_explicit_version_is_honoured_and_sub_batched_apart() -> None:
         service, [task("a"), task("b", version="2"), task("c"), task("d", version="1")]
     )
     assert [r["model_version"] for r in results] == ["1", "2", "1", "1"]
-    assert [r["routing_rule"] for r in results] == [
-        SERVING_CONFIG,
-        EXPLICIT,
-        SERVING_CONFIG,
-        EXPLICIT,
-    ]
+    assert [r["routing_rule"] for r in results] == ["split@7", EXPLICIT, "split@7", EXPLICIT]
     assert sorted(runtimes["1"].calls) == [3]
     assert runtimes["2"].calls == [1]
     assert [r["batch_size"] for r in results] == [3, 1, 3, 3]
@@ -261,15 +353,6 @@ async def test_a_rejected_request_is_invalid_and_its_batch_mates_are_served() ->
     assert runtimes["1"].calls == [1]
 
 
-async def test_start_loads_every_serving_version_and_reports_failures() -> None:
-    service, _ = make_service()
-    service.resolver.table["ghost"] = "3"
-    failures = await service.start()
-    assert failures == {("ghost", "3"): "no ghost 3"}
-    assert service.models.loaded() == [("fraud", "1")]
-    await service.stop()
-
-
 async def test_a_failed_load_is_remembered_for_a_while() -> None:
     attempts = 0
 
@@ -285,12 +368,51 @@ async def test_a_failed_load_is_remembered_for_a_while() -> None:
     assert attempts == 1
 
 
-def test_the_serving_table_is_read_from_toml(tmp_path: Any) -> None:
-    path = tmp_path / "serving.toml"
-    path.write_text('[models.fraud]\nversion = "2"\n[models.minilm]\nversion = 1\n')
-    assert load_serving_table(path) == {"fraud": "2", "minilm": "1"}
-    path.write_text("[models.fraud]\nrevision = 2\n")
-    with pytest.raises(ConfigurationError, match=r"models\.fraud"):
-        load_serving_table(path)
-    with pytest.raises(ConfigurationError):
-        load_serving_table(tmp_path / "missing.toml")
+async def test_the_split_is_sticky_per_routing_key_and_follows_the_weights() -> None:
+    service, runtimes = make_service(fraud_table(ev.TrafficShifted({"1": 70, "2": 30})))
+    await manager(service).start(["fraud"])  # both are wanted: loaded before any request
+    keys = [f"card-{i}" for i in range(400)]
+    first = await run(service, [task(f"a{i}", key=k) for i, k in enumerate(keys)])
+    again = await run(service, [task(f"b{i}", key=k) for i, k in enumerate(keys)])
+    assert {r["status"] for r in first + again} == {"OK"}
+    served = [r["model_version"] for r in first]
+    assert served == [r["model_version"] for r in again], "a key changed version"
+    share = Counter(served)["2"] / len(served)
+    assert 0.24 < share < 0.36, share
+    assert {r["routing_rule"] for r in first} == {"split@8"}
+    assert runtimes["2"].calls, "version 2 never served"
+    await manager(service).stop()
+
+
+async def test_no_routing_key_routes_by_request_id() -> None:
+    service, _ = make_service(fraud_table(ev.TrafficShifted({"1": 50, "2": 50})))
+    await manager(service).start(["fraud"])
+    ids = [f"r{i}" for i in range(60)]
+    first = await run(service, [task(rid, key="") for rid in ids])
+    again = await run(service, [task(rid, key="") for rid in ids])
+    assert [r["model_version"] for r in first] == [r["model_version"] for r in again]
+    assert {r["model_version"] for r in first} == {"1", "2"}
+    await manager(service).stop()
+
+
+async def test_a_tenant_pin_overrides_the_split_and_others_are_unaffected() -> None:
+    pin = ev.RoutingRuleSet("acme-on-2", tenant="acme", version="2")
+    service, _ = make_service(fraud_table(pin))
+    pinned, other = await run(service, [task("a", tenant="acme"), task("b", tenant="zeta")])
+    assert (pinned["model_version"], pinned["routing_rule"]) == ("2", "pin:acme-on-2")
+    assert (other["model_version"], other["routing_rule"]) == ("1", "split@8")
+
+
+async def test_split_traffic_never_reaches_a_version_this_worker_has_not_warmed() -> None:
+    # Another worker reported 2 warm, so the table gives it weight; this worker's load of 2
+    # failed, so its share falls back to the primary here.
+    table = fraud_table(ev.TrafficShifted({"1": 50, "2": 50}))
+    service, runtimes = make_service(table, broken={"2"})
+    failures = await manager(service).start(["fraud"])
+    assert list(failures) == [("fraud", "2")]
+    assert not service.models.ready("fraud", "2")
+    results = await run(service, [task(f"r{i}", key=f"k{i}") for i in range(40)])
+    assert {r["model_version"] for r in results} == {"1"}
+    assert {r["routing_rule"] for r in results} == {"split@8", "warming-fallback@8"}
+    assert runtimes["2"].calls == []
+    await manager(service).stop()

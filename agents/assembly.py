@@ -1,0 +1,136 @@
+"""One worker's parts, started in order and stopped in reverse: the Faust app runs this, and so do
+the integration tests (with their own model loaders), so both run the same wiring.
+
+Start order: the lifecycle log (to report loads), the lifecycle feed (caught up with the whole
+`model-lifecycle` topic), the version manager (every wanted version loaded, warmed up and
+reported), the shadow runner, then consumption. Stop is the reverse: stop consuming and drain,
+abandon running shadow comparisons, unload and report every version, stop the feed, close the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.loaded import ModelCache, ModelLoader, store_loader
+from agents.service import InferenceService
+from agents.shadow import ShadowRunner
+from agents.versions import VersionManager
+from agents.worker import InferenceWorker
+from lifecycle.events import NewEvent
+from lifecycle.feed import LifecycleFeed
+from lifecycle.log import LifecycleLog
+from tidegate.settings import (
+    KafkaSettings,
+    LifecycleSettings,
+    ModelSettings,
+    PostgresSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+    WorkerSettings,
+)
+from tidegate.telemetry import get_logger
+
+__all__ = ["CATCH_UP_S", "RunningWorker", "WorkerConfig", "running_worker"]
+
+log = get_logger(__name__)
+
+CATCH_UP_S = 60.0
+"""Replaying the lifecycle topic is a few thousand small events: a minute means Kafka is gone."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    models: ModelSettings = field(default_factory=ModelSettings)
+    registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
+    postgres: PostgresSettings = field(default_factory=PostgresSettings)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+
+
+@dataclass
+class RunningWorker:
+    feed: LifecycleFeed
+    versions: VersionManager
+    shadow: ShadowRunner
+    service: InferenceService
+    worker: InferenceWorker
+
+
+@asynccontextmanager
+async def running_worker(
+    config: WorkerConfig,
+    *,
+    loader: ModelLoader | None = None,
+    consumer_extra: Mapping[str, Any] | None = None,
+) -> AsyncIterator[RunningWorker]:
+    """A started worker; leaving the block stops it gracefully. `loader` defaults to the artifact
+    store of `config.models`."""
+    worker_id = config.worker.worker_id
+    async with AsyncExitStack() as stack:
+        lifecycle = await stack.enter_async_context(
+            LifecycleLog.from_settings(
+                config.postgres, config.lifecycle, config.kafka, config.topics, config.registry
+            )
+        )
+
+        async def report(model: str, events: Sequence[NewEvent]) -> object:
+            # Facts about this worker hold whatever the stream's state: no expected version.
+            return await lifecycle.append(model, events, expected_version=None)
+
+        feed = LifecycleFeed(
+            config.kafka, config.topics, config.registry, name=f"worker-{worker_id}"
+        )
+        feed.start()
+        stack.push_async_callback(asyncio.to_thread, feed.stop)
+        await feed.caught_up(CATCH_UP_S)
+        versions = VersionManager(
+            ModelCache(loader or store_loader(config.models)),
+            feed,
+            report,
+            worker_id=worker_id,
+            max_loaded=config.worker.max_loaded_versions,
+        )
+        feed.add_listener(versions.changed)
+        stack.push_async_callback(versions.stop)
+        failures = await versions.start(feed.states())
+        for (name, version), why in failures.items():
+            log.error("%s version %s cannot serve from this worker: %s", name, version, why)
+        holder: list[InferenceWorker] = []
+
+        def publish_shadow(comparison: dict[str, Any]) -> None:
+            # Comparisons start only after requests were consumed, so the worker exists.
+            holder[0].publisher.shadow(comparison)
+
+        shadow = ShadowRunner(
+            versions,
+            publish_shadow,
+            worker_id=worker_id,
+            max_in_flight=config.worker.shadow_max_in_flight,
+        )
+        stack.push_async_callback(shadow.stop)
+        service = InferenceService(feed, versions, worker_id=worker_id, shadow=shadow)
+        worker = InferenceWorker(
+            service,
+            settings=config.worker,
+            kafka=config.kafka,
+            topics=config.topics,
+            registry=config.registry,
+            consumer_extra=consumer_extra,
+        )
+        holder.append(worker)
+        await worker.start()
+        stack.push_async_callback(worker.stop)
+        log.info(
+            "worker %s consuming %s in group %s (loaded: %s)",
+            worker_id,
+            config.topics.requests,
+            config.worker.group_id,
+            ", ".join(f"{n}:{v}" for n, v in versions.cache.loaded()) or "none",
+        )
+        yield RunningWorker(feed, versions, shadow, service, worker)
