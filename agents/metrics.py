@@ -86,6 +86,12 @@ LOADED_VERSIONS = Gauge(
     "tidegate_worker_loaded_versions",
     "Model versions loaded and warm on this worker.",
 )
+COLD_LOADS = Counter(
+    "tidegate_worker_cold_loads",
+    "Versions loaded while a request waited for them: an explicit or pinned old version asked "
+    "for on demand. Routed traffic never waits on a load, so a split never adds to it.",
+    ["model", "version"],
+)
 SHADOW_COMPARED = Counter(
     "tidegate_worker_shadow_comparisons",
     "Requests run on a shadow candidate and compared with the primary, by model and candidate.",

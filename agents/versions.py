@@ -90,6 +90,7 @@ class VersionManager:
         """The loaded version; a cold one is loaded now, and the caller waits for it."""
         if self.cache.peek(model, version) is not None:
             return await self.cache.get(model, version)
+        metrics.COLD_LOADS.labels(model, version).inc()
         self._evict(keep=None, limit=self._max - 1)
         loaded = await self.cache.get(model, version)
         self._loaded(loaded)

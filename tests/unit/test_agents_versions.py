@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from agents import metrics
 from agents.loaded import LoadedModel, ModelCache
 from agents.manifest import ModelPackage
 from agents.runtime.base import Arrays, ModelRuntime
@@ -170,10 +171,15 @@ async def test_an_explicit_old_version_is_loaded_for_the_request_that_asks() -> 
     h = Harness(*BASE)
     await h.manager.start(["fraud"])
     service = InferenceService(h.tables, h.manager, worker_id=WORKER)
+    cold = metrics.COLD_LOADS.labels("fraud", "3")
+    before = cold._value.get()
     routed, explicit = await run(service, [task("a"), task("b", version="3")])
     assert (routed["model_version"], explicit["model_version"]) == ("1", "3")
     assert explicit["status"] == "OK"
     assert h.loader.loads == ["1", "3"]
+    assert cold._value.get() == before + 1, "the request that waited on a load is counted"
+    await run(service, [task("c", version="3")])
+    assert cold._value.get() == before + 1
     await until(lambda: ("3", "") in h.reported(ev.VersionLoaded))
     await h.manager.stop()
 
