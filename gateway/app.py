@@ -2,14 +2,16 @@
 
 `create_app` takes the settings bundle and a factory of services (the real Kafka/Redis ones by
 default); the lifespan builds and starts them on the server's event loop and stops them on
-shutdown. Every error answers an RFC 9457 problem body (`gateway.problems`).
+shutdown. With an `admin` factory (`gateway.admin.lifecycle_admin`), the lifecycle commands are
+served under /admin too. Every error answers an RFC 9457 problem body (`gateway.problems`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,29 +25,40 @@ from gateway.runtime import GatewayRuntime
 from gateway.services import GatewayConfig, ServicesFactory, kafka_services
 from tidegate.errors import TidegateError
 
+if TYPE_CHECKING:
+    from gateway.admin import AdminFactory
+
 __all__ = ["create_app"]
 
 _log = logging.getLogger(__name__)
 
 
 def create_app(
-    config: GatewayConfig | None = None, services: ServicesFactory = kafka_services
+    config: GatewayConfig | None = None,
+    services: ServicesFactory = kafka_services,
+    admin: AdminFactory | None = None,
 ) -> FastAPI:
     config = config or GatewayConfig()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = GatewayRuntime(config, services(config))
-        await runtime.start()
-        app.state.gateway = runtime
-        _log.info("gateway replica %s started", config.gateway.replica_id)
-        try:
+        async with AsyncExitStack() as stack:
+            if admin is not None:
+                app.state.admin_commands = await stack.enter_async_context(admin(config))
+            runtime = GatewayRuntime(config, services(config))
+            await runtime.start()
+            stack.push_async_callback(runtime.stop)
+            app.state.gateway = runtime
+            _log.info("gateway replica %s started", config.gateway.replica_id)
             yield
-        finally:
-            await runtime.stop()
 
     app = FastAPI(title="tidegate gateway", version=tidegate.__version__, lifespan=lifespan)
     app.include_router(router)
+    if admin is not None:
+        # Imported only here: a gateway without /admin never loads the lifecycle's database code.
+        from gateway.admin import install_admin
+
+        install_admin(app)
 
     @app.exception_handler(TidegateError)
     async def _tidegate_error(request: Request, exc: TidegateError) -> Response:

@@ -1,5 +1,9 @@
 """Build the example models into the artifact store, skipping versions already built.
 
+Each built version can also be written out as an importable package directory,
+`<packages_dir>/<name>/<version>/` (manifest.json plus its files), which is what
+`tidegate models register` takes.
+
 A version is skipped when its stored `build.json` (the builder's recipe) is byte-identical to the
 current recipe: same recipe, same artifact, no retraining. A version stored from another recipe
 is left alone unless `force` is set, which rebuilds and replaces it (versions are otherwise
@@ -11,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Collection
@@ -25,10 +31,18 @@ from agents.models.minilm import MinilmV1
 from agents.store import LocalArtifactStore, sha256_file
 from tidegate.errors import ArtifactError, ConfigurationError, ModelNotFoundError
 
-__all__ = ["BUILDERS", "BUILD_FILE", "BuildOutcome", "build_models"]
+__all__ = [
+    "BUILDERS",
+    "BUILD_FILE",
+    "MANIFEST_FILE",
+    "BuildOutcome",
+    "build_models",
+    "export_package",
+]
 
 BUILDERS: tuple[type[ModelBuilder], ...] = (*FRAUD_BUILDERS, MinilmV1)
 BUILD_FILE = "build.json"
+MANIFEST_FILE = "manifest.json"
 Action = Literal["built", "skipped", "unchanged", "replaced"]
 
 
@@ -44,8 +58,10 @@ async def build_models(
     only: Collection[str] = (),
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    packages_dir: Path | None = None,
 ) -> list[BuildOutcome]:
-    """Build every example model (or those named in `only`) into `store`."""
+    """Build every example model (or those named in `only`) into `store`, and export each
+    version as a package directory under `packages_dir` if given."""
     known = {builder.name for builder in BUILDERS}
     unknown = sorted(set(only) - known)
     if unknown:
@@ -53,8 +69,41 @@ async def build_models(
     outcomes = []
     for builder_class in BUILDERS:
         if not only or builder_class.name in only:
-            outcomes.append(await _build_one(store, builder_class(), force, progress))
+            outcome = await _build_one(store, builder_class(), force, progress)
+            if packages_dir is not None:
+                await asyncio.to_thread(export_package, store, outcome.manifest, packages_dir)
+            outcomes.append(outcome)
     return outcomes
+
+
+def export_package(store: LocalArtifactStore, manifest: Manifest, packages_dir: Path) -> Path:
+    """Write `packages_dir/<name>/<version>/`: the stored manifest and its files, hard-linked to
+    the store's blobs (copied where links are impossible). An up-to-date package is left as it
+    is; a stale one is replaced whole, through a rename, so a reader never sees half of one."""
+    target = packages_dir / manifest.name / manifest.version
+    text = manifest.model_dump_json(indent=2) + "\n"
+    current = target / MANIFEST_FILE
+    fresh = current.is_file() and current.read_text() == text
+    if fresh and all((target / rel).is_file() for rel in manifest.files):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{manifest.version}-"))
+    try:
+        staging.chmod(0o755)  # mkdtemp's 0o700 would hide the package from other users
+        for relative, digest in manifest.files.items():
+            destination = staging / relative
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(store.blob_path(digest), destination)
+            except OSError:
+                shutil.copyfile(store.blob_path(digest), destination)
+        (staging / MANIFEST_FILE).write_text(text)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 async def _build_one(

@@ -157,7 +157,7 @@ def test_cli_builds_deterministically_and_lists(
     again = runner.invoke(app, ["build", "--only", "fraud-lite", "--force"])
     assert again.exit_code == 0, again.output
     assert "unchanged" in again.output
-    listed = runner.invoke(app, ["list"])
+    listed = runner.invoke(app, ["artifacts"])
     assert listed.exit_code == 0, listed.output
     assert "fraud-lite" in listed.output
     unknown = runner.invoke(app, ["build", "--only", "nope"])

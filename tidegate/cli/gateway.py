@@ -17,11 +17,19 @@ def gateway(
     port: Annotated[
         int | None, typer.Option(help="Port to listen on (else $TIDEGATE_GATEWAY_PORT, or 8080).")
     ] = None,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin/--no-admin",
+            help="Serve the lifecycle operations under /admin (needs PostgreSQL).",
+        ),
+    ] = True,
 ) -> None:
     """Serve the Open Inference Protocol (V2) over Kafka until SIGTERM or Ctrl-C."""
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
     import uvicorn
 
+    from gateway.admin import lifecycle_admin
     from gateway.app import create_app
     from gateway.services import GatewayConfig
     from tidegate.settings import GatewaySettings
@@ -35,7 +43,7 @@ def gateway(
     # uvicorn turns SIGTERM and SIGINT into a graceful shutdown: the lifespan exit releases the
     # reply lease, stops the reply consumer and flushes the producer.
     uvicorn.run(
-        create_app(config),
+        create_app(config, admin=lifecycle_admin if admin else None),
         host=config.gateway.host,
         port=config.gateway.port,
         log_config=None,

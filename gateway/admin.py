@@ -1,0 +1,371 @@
+"""`/admin`: the model lifecycle commands over HTTP, as JSON.
+
+The same `LifecycleCommands` as `tidegate models ...`, the same JSON views as its `--json`. Who
+acts comes from one dependency, `request_actor` (the `X-Tidegate-Actor` header, "anonymous"
+without it); authentication replaces it with `app.dependency_overrides[request_actor]` and
+every endpoint follows. Errors are RFC 9457 problems: 404 for an unknown model, version or
+request, 409 when the model changed since it was read (nothing was written), 422 for a refused
+transition or a failed promotion gate, 400 for malformed arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.problems import ProblemResponse, error_problem, problem
+from gateway.services import GatewayConfig
+from lifecycle.commands import LifecycleCommands
+from lifecycle.parse import parse_at
+from lifecycle.render import event_view, iso, state_view, summary_view, table_view
+from lifecycle.routing import RoutingTable
+from tidegate.errors import (
+    ArtifactError,
+    ConcurrencyConflictError,
+    InvalidInputError,
+    InvalidTransitionError,
+    LifecycleUnavailableError,
+    ModelNotFoundError,
+    TidegateError,
+)
+
+__all__ = [
+    "ANONYMOUS",
+    "AdminFactory",
+    "AdminRoute",
+    "admin_problem",
+    "install_admin",
+    "lifecycle_admin",
+    "request_actor",
+    "router",
+]
+
+ANONYMOUS = "anonymous"
+
+
+def admin_problem(error: TidegateError, *, instance: str) -> ProblemResponse:
+    """Lifecycle errors get their statuses here; the rest go by `gateway.problems`."""
+    status = next(
+        (
+            code
+            for cls, code in (
+                (ConcurrencyConflictError, 409),
+                (InvalidTransitionError, 422),
+                (ArtifactError, 422),
+                (ModelNotFoundError, 404),
+            )
+            if isinstance(error, cls)
+        ),
+        None,
+    )
+    if status is None:
+        return error_problem(error, instance=instance)
+    extra: dict[str, Any] = {}
+    if isinstance(error, ConcurrencyConflictError):
+        extra = {"expected_sequence": error.expected, "actual_sequence": error.actual}
+    return problem(
+        status, str(error), instance=instance, code=error.code, retriable=error.retriable, **extra
+    )
+
+
+class AdminRoute(APIRoute):
+    """Answers errors as problems within the router, so /admin behaves the same whichever app
+    mounts it."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except TidegateError as exc:
+                return admin_problem(exc, instance=request.url.path)
+            except RequestValidationError as exc:
+                first = exc.errors()[0] if exc.errors() else {}
+                field = ".".join(str(p) for p in first.get("loc", ())) or None
+                detail = str(first.get("msg", exc))
+                return problem(
+                    400, detail, instance=request.url.path, code="INVALID_INPUT", field=field
+                )
+
+        return guarded
+
+
+router = APIRouter(prefix="/admin", route_class=AdminRoute, tags=["admin"])
+
+
+def request_actor(
+    x_tidegate_actor: Annotated[str | None, Header(max_length=200)] = None,
+) -> str:
+    """Who acts. Replace through `app.dependency_overrides` once callers authenticate."""
+    return (x_tidegate_actor or "").strip() or ANONYMOUS
+
+
+def _commands(request: Request) -> LifecycleCommands:
+    commands: LifecycleCommands | None = getattr(request.app.state, "admin_commands", None)
+    if commands is None:
+        raise LifecycleUnavailableError("the lifecycle commands are not started yet")
+    return commands
+
+
+def install_admin(app: FastAPI, commands: LifecycleCommands | None = None) -> None:
+    """Mount /admin on `app`. It serves `app.state.admin_commands`: `commands` if given (their
+    owner starts and stops them), else what the app's lifespan sets there."""
+    if commands is not None:
+        app.state.admin_commands = commands
+    app.include_router(router)
+
+
+AdminFactory = Callable[[GatewayConfig], AbstractAsyncContextManager[LifecycleCommands]]
+"""What `create_app(admin=...)` takes: opens the commands for the app's lifetime."""
+
+
+@asynccontextmanager
+async def lifecycle_admin(config: GatewayConfig) -> AsyncIterator[LifecycleCommands]:
+    """The real commands: the event store in PostgreSQL (TIDEGATE_POSTGRES_*), publishing through
+    the outbox to the gateway's Kafka, the gateway's artifact store, TIDEGATE_LIFECYCLE_*.
+
+    The pool opens without waiting for PostgreSQL: the V2 inference path does not need the
+    event store, so its absence makes /admin answer 503, not the gateway fail to start.
+    """
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from agents.store import LocalArtifactStore
+    from lifecycle.codec import LifecycleCodec
+    from lifecycle.log import LifecycleLog
+    from lifecycle.outbox import OutboxRelay
+    from lifecycle.store import EventStore
+    from tidegate.db import make_pool
+    from tidegate.settings import LifecycleSettings, PostgresSettings
+
+    lc = LifecycleSettings()
+    pool = make_pool(PostgresSettings(), lc)
+    codec = LifecycleCodec(SchemaRegistryClient(config.registry.client_config()), config.topics)
+    relay = OutboxRelay(
+        pool, config.kafka, config.topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s
+    )
+    await pool.open(wait=False)
+    try:
+        async with LifecycleLog(EventStore(pool), relay) as log:
+            store = LocalArtifactStore(config.models)
+            yield LifecycleCommands(log, pool, store, lc, models=config.models)
+    finally:
+        await pool.close()
+
+
+Commands = Annotated[LifecycleCommands, Depends(_commands)]
+Actor = Annotated[str, Depends(request_actor)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expected_sequence: int | None = Field(
+        None, ge=0, description="Act only if the model is still at this sequence (else 409)."
+    )
+
+
+class RegisterBody(_Body):
+    path: str = Field(description="A package directory on the gateway's host.")
+    version: str | None = None
+
+
+class ShadowBody(_Body):
+    version: str
+    sample_rate: float = Field(1.0, gt=0, le=1)
+    stop: bool = False
+
+
+class CanaryBody(_Body):
+    version: str
+    steps: list[int] | None = None
+    dwell_s: float | None = None
+    thresholds: dict[str, float] = Field(default_factory=dict)
+
+
+class PromoteBody(_Body):
+    version: str
+    force: bool = False
+
+
+class RollbackBody(_Body):
+    version: str | None = None
+
+
+class RetireBody(_Body):
+    version: str
+
+
+class PinBody(_Body):
+    tenant: str
+    version: str
+    rule_id: str | None = None
+
+
+class UnpinBody(_Body):
+    rule_id: str
+
+
+class ExperimentBody(_Body):
+    weights: dict[str, int]
+    tenant: str | None = None
+    rule_id: str | None = None
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+@router.get("/models")
+async def list_models(commands: Commands) -> list[dict[str, Any]]:
+    return [summary_view(s) for s in await commands.models()]
+
+
+@router.get("/models/{name}")
+async def status(name: str, commands: Commands) -> dict[str, Any]:
+    return state_view(await commands.status(name))
+
+
+@router.get("/models/{name}/history")
+async def history(name: str, commands: Commands) -> list[dict[str, Any]]:
+    return [event_view(e) for e in await commands.history(name)]
+
+
+@router.get("/models/{name}/state")
+async def state_at(name: str, commands: Commands, at: str | None = None) -> dict[str, Any]:
+    """The routing table and state as they were at `at` (ISO-8601 or a time ago like -5m)."""
+    moment = None
+    if at is not None and at.strip().lower() != "now":
+        try:
+            moment = parse_at(at)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc), field="at") from None
+    then = await commands.state(name, moment)
+    return {
+        "at": iso(moment) if moment else "now",
+        "table": table_view(RoutingTable.from_state(then)),
+        "state": state_view(then),
+    }
+
+
+@router.get("/models/{name}/compare")
+async def compare(name: str, candidate: str, commands: Commands) -> dict[str, Any]:
+    return await commands.compare(name, candidate)
+
+
+@router.get("/requests/{request_id}/served")
+async def served(request_id: str, commands: Commands) -> dict[str, Any]:
+    return await commands.served(request_id)
+
+
+# -- writes ---------------------------------------------------------------------------------------
+
+
+@router.post("/models/{name}/versions")
+async def register(name: str, body: RegisterBody, commands: Commands, actor: Actor) -> JSONResponse:
+    """Register a package from a path on the gateway's host: 201 when a version was
+    registered (validated or failed, see `status`), 200 when it already was."""
+    result = await commands.register(
+        Path(body.path),
+        actor=actor,
+        name=name,
+        version=body.version,
+        expected_sequence=body.expected_sequence,
+    )
+    return JSONResponse(result.to_dict(), status_code=201 if result.action == "registered" else 200)
+
+
+@router.post("/models/{name}/shadow")
+async def shadow(name: str, body: ShadowBody, commands: Commands, actor: Actor) -> dict[str, Any]:
+    result = await commands.shadow(
+        name,
+        body.version,
+        actor=actor,
+        sample_rate=body.sample_rate,
+        stop=body.stop,
+        expected_sequence=body.expected_sequence,
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/canary")
+async def canary(name: str, body: CanaryBody, commands: Commands, actor: Actor) -> dict[str, Any]:
+    result = await commands.canary(
+        name,
+        body.version,
+        actor=actor,
+        steps=body.steps,
+        dwell_s=body.dwell_s,
+        thresholds=body.thresholds,
+        expected_sequence=body.expected_sequence,
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/promote")
+async def promote(name: str, body: PromoteBody, commands: Commands, actor: Actor) -> dict[str, Any]:
+    result = await commands.promote(
+        name, body.version, actor=actor, force=body.force, expected_sequence=body.expected_sequence
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/rollback")
+async def rollback(
+    name: str, body: RollbackBody, commands: Commands, actor: Actor
+) -> dict[str, Any]:
+    result = await commands.rollback(
+        name, actor=actor, version=body.version, expected_sequence=body.expected_sequence
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/retire")
+async def retire(name: str, body: RetireBody, commands: Commands, actor: Actor) -> dict[str, Any]:
+    result = await commands.retire(
+        name, body.version, actor=actor, expected_sequence=body.expected_sequence
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/pin")
+async def pin(name: str, body: PinBody, commands: Commands, actor: Actor) -> dict[str, Any]:
+    result = await commands.pin(
+        name,
+        body.tenant,
+        body.version,
+        actor=actor,
+        rule_id=body.rule_id,
+        expected_sequence=body.expected_sequence,
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/unpin")
+async def unpin(name: str, body: UnpinBody, commands: Commands, actor: Actor) -> dict[str, Any]:
+    result = await commands.unpin(
+        name, body.rule_id, actor=actor, expected_sequence=body.expected_sequence
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/experiment")
+async def experiment(
+    name: str, body: ExperimentBody, commands: Commands, actor: Actor
+) -> dict[str, Any]:
+    result = await commands.experiment(
+        name,
+        body.weights,
+        actor=actor,
+        tenant=body.tenant,
+        rule_id=body.rule_id,
+        expected_sequence=body.expected_sequence,
+    )
+    return result.to_dict()

@@ -1,0 +1,23 @@
+"""`tidegate served REQUEST_ID`: which version served a request, when, on which worker and under
+which routing rule, with the routing table as it stood then and the version's lineage."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tidegate.cli.lifecycle_session import emit, run
+
+__all__ = ["served"]
+
+
+def served(
+    request_id: Annotated[str, typer.Argument(help="The request's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Which version served REQUEST_ID, when, where and why (from the indexed results)."""
+    from tidegate.cli.lifecycle_tables import served_render
+
+    data = run(lambda c: c.served(request_id), write=False, as_json=as_json)
+    emit(data, as_json, served_render)
