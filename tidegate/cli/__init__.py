@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import typer
 
-from tidegate.cli import demo, gateway, models, produce, registry, schemas, stack, worker
+from tidegate.cli import (
+    controller,
+    demo,
+    gateway,
+    models,
+    produce,
+    registry,
+    schemas,
+    served,
+    stack,
+    worker,
+)
 
 __all__ = ["app", "main"]
 
@@ -21,13 +32,19 @@ app.command("registry", help="Run the Confluent-compatible schema registry servi
 app.command("worker", help="Run a worker agent: consume, micro-batch, infer, publish.")(
     worker.worker
 )
-app.command("gateway", help="Serve the V2 HTTP facade.")(gateway.gateway)
+app.command("gateway", help="Serve the V2 HTTP facade and the /admin API.")(gateway.gateway)
+app.command(
+    "controller", help="Run the lifecycle controller: outbox relay, canary controller, indexer."
+)(controller.controller)
+app.command("served", help="Which version served a request, where, when and why.")(served.served)
 app.command("produce", help="Publish requests from a JSON Lines file.")(produce.produce)
 app.command("demo", help="Run the pipeline end to end on the local stack.")(demo.demo)
 app.command("demo-stop", help="Stop what `tidegate demo --keep` left running.")(demo.demo_stop)
 app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
 app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
-app.add_typer(models.app, name="models", help="Build and inspect model artifacts.")
+app.add_typer(
+    models.app, name="models", help="Register, roll out, roll back and inspect model versions."
+)
 
 
 def main() -> None:
