@@ -5,8 +5,9 @@ Workers decide (so the HTTP and Kafka paths decide alike), in this order:
 2. the tenant's pin, then the tenant's experiment (rules with no tenant apply to everyone);
 3. the traffic split, by weighted rendezvous hashing of the routing key: a key stays on its
    version while the weights stand, and raising a version's weight only moves keys onto it.
-A version the deciding worker has not warmed up is never chosen by a split: its share goes to
-the primary until the worker reports it loaded.
+A version the deciding worker has not warmed up is never chosen by a split while a fallback is
+warm: its share goes to the primary (or, while a newly promoted primary warms up, to the previous
+one) until the worker has loaded it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class RoutingTable:
     model: str
     sequence: int
     primary: str | None
+    fallbacks: tuple[str, ...]
+    """Where a split's pick goes when this worker has not warmed it: primary, previous primary."""
     weights: tuple[tuple[str, int], ...]
     shadows: tuple[tuple[str, float], ...]
     rules: tuple[Rule, ...]
@@ -58,6 +61,7 @@ class RoutingTable:
             model=state.model,
             sequence=state.sequence,
             primary=state.primary,
+            fallbacks=tuple(v for v in (state.primary, state.previous_primary) if v),
             weights=tuple(sorted(state.effective_weights().items())),
             shadows=tuple(sorted(state.shadows().items())),
             rules=state.rules,
@@ -93,8 +97,10 @@ class RoutingTable:
         if not self.weights:
             raise ModelNotFoundError(f"model {self.model!r} has no version taking traffic")
         version = choose_weighted(self.model, key, self.weights)
-        if not ready(version) and self.primary and self.primary != version and ready(self.primary):
-            return Decision(self.primary, f"warming-fallback@{self.sequence}")
+        if not ready(version):
+            for fallback in self.fallbacks:
+                if fallback != version and fallback in self.servable and ready(fallback):
+                    return Decision(fallback, f"warming-fallback@{self.sequence}")
         return Decision(version, f"split@{self.sequence}")
 
     def shadow_targets(self, request_id: str, served: str) -> list[str]:

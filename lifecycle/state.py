@@ -107,19 +107,27 @@ class ModelState:
     def intended_weights(self) -> dict[str, int]:
         return {v.version: v.weight for v in self.versions if v.weight > 0}
 
+    def fallback(self) -> str | None:
+        """Where the share of an unwarmed version goes: the primary once some worker reported it
+        warm, else the previous primary (a promotion waits for the new primary to warm up)."""
+        for name in (self.primary, self.previous_primary):
+            state = self.version(name) if name else None
+            if state is not None and state.ready and state.servable:
+                return state.version
+        return None
+
     def effective_weights(self) -> dict[str, int]:
         """The intended weights, with the share of every version no worker has reported warm
-        given to the primary: no weight reaches a version before it is loaded."""
+        given to the fallback: no weight reaches a version before it is loaded."""
         weights = self.intended_weights()
-        primary = self.version(self.primary) if self.primary else None
-        if primary is None or not primary.ready:
+        fallback = self.fallback()
+        if fallback is None:
             return weights
         out: dict[str, int] = {}
         for name, weight in weights.items():
             state = self.version(name)
-            target = (
-                name if state is not None and state.ready and state.servable else primary.version
-            )
+            ready = state is not None and state.ready and state.servable
+            target = name if ready else fallback
             out[target] = out.get(target, 0) + weight
         return out
 
@@ -131,10 +139,10 @@ class ModelState:
         }
 
     def wanted(self) -> frozenset[str]:
-        """The versions workers keep loaded: any with weight, shadowed, canaried or in a rule."""
+        """The versions workers keep loaded: any with weight, shadowed, canaried or in a rule,
+        and the previous primary, so that a rollback lands on a warm version."""
         names = set(self.intended_weights()) | set(self.shadows())
-        if self.primary:
-            names.add(self.primary)
+        names.update(n for n in (self.primary, self.previous_primary) if n)
         if self.canary is not None:
             names.add(self.canary.version)
         for rule in self.rules:

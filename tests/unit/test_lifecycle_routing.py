@@ -86,3 +86,15 @@ def test_shadow_sampling_follows_the_rate_and_is_stable() -> None:
 
 def test_weighted_choice_ignores_zero_weights() -> None:
     assert {choose_weighted("m", f"k{i}", [("1", 0), ("2", 100)]) for i in range(200)} == {"2"}
+
+
+def test_a_worker_that_has_not_warmed_a_new_primary_keeps_serving_the_previous_one() -> None:
+    table = _table(ev.Promoted("2"))
+    warm_here = {"1"}
+    decisions = [
+        table.route(tenant="t", key=f"k{i}", ready=lambda v: v in warm_here) for i in range(200)
+    ]
+    assert {d.version for d in decisions} == {"1"}
+    assert {d.rule.split("@")[0] for d in decisions} == {"warming-fallback"}
+    warm_here.add("2")
+    assert {table.route(tenant="t", key=f"k{i}").version for i in range(200)} == {"2"}
