@@ -182,7 +182,7 @@ async def test_refusals_gate_and_conflicts(
     ok(await register(client, packages, "2"), 201)
     ok(await client.post("/admin/models/fraud/promote", json={"version": "1"}))
     cold = await client.post("/admin/models/fraud/promote", json={"version": "2"})
-    assert "no worker has loaded" in problem(cold, 422, "INVALID_TRANSITION")["detail"]
+    assert "shadow comparisons" in problem(cold, 422, "PROMOTION_GATE")["detail"]
     await worker_loaded(commands, "2")
     gate = await client.post("/admin/models/fraud/promote", json={"version": "2"})
     problem(gate, 422, "PROMOTION_GATE")

@@ -195,8 +195,7 @@ def test_shadow_gate_force_rollback_canary_rules_and_retire(
     register(env, packages, "2")
     cli_json(env, "models", "promote", "fraud", "1")
     refused = cli_json(env, "models", "promote", "fraud", "2", code=1)
-    assert refused["code"] == "INVALID_TRANSITION"
-    assert "no worker has loaded" in refused["error"]
+    assert refused["code"] == "PROMOTION_GATE"
     loaded(pg_settings, "2", expected=5)
     shadowed = cli_json(env, "models", "shadow", "fraud", "2", "--rate", "0.5")
     assert shadowed["state"]["shadows"] == {"2": 0.5}
