@@ -35,6 +35,8 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """The result records themselves, when the load was started with `keep_records`."""
 
     @property
     def throughput(self) -> float:
@@ -63,14 +65,17 @@ class KafkaLoad:
     start-up into every p99. `start` therefore warms every partition up before anything is timed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, topics: Any = None, *, keep_records: bool = False) -> None:
+        """`topics` (a TopicSettings) defaults to the environment's; `keep_records` keeps every
+        result record in its LoadResult, for callers that check more than status and latency."""
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         from schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder
         from schemas import load_schema as schema
         from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 
-        self._kafka, self._topics = KafkaSettings(), TopicSettings()
+        self._kafka, self._topics = KafkaSettings(), topics or TopicSettings()
+        self._keep = keep_records
         registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
         self._encoder = AvroEncoder(registry, schema(INFERENCE_REQUEST))
         self._decoder = AvroDecoder(registry, schema(INFERENCE_RESULT))
@@ -185,6 +190,8 @@ class KafkaLoad:
                 at, result = entry
                 result.latencies.append(now - at)
                 result.batch_sizes.append(int(record.get("batch_size") or 0))
+                if self._keep:
+                    result.records.append(record)
                 status = str(record["status"])
                 result.statuses[status] = result.statuses.get(status, 0) + 1
                 if status == "OK":

@@ -1,8 +1,11 @@
-"""The whole stack, as a user runs it: real workers and a real gateway, as separate processes of
-the `tidegate` CLI, on topics of their own so no other test's traffic reaches them."""
+"""The whole stack, as a user runs it: a lifecycle controller, real workers and a real gateway, as
+separate processes of the `tidegate` CLI, on topics and a PostgreSQL schema of their own so no other
+test's traffic or events reach them. The example models are registered and promoted through the
+CLI, as an operator would."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from tests.support import free_port, unique
+from tidegate.db import migrate
 from tidegate.procs import Child, spawn, wait_http
+from tidegate.settings import PostgresSettings
+
+# Every served example model, registered from the packages `tidegate models build` exports and
+# promoted before the workers start.
+SERVED = (("fraud", "1"), ("fraud-lite", "1"), ("minilm", "1"))
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,11 +34,25 @@ class Pipeline:
     run_dir: Path
     workers: list[Child] = field(default_factory=list)
     gateway: Child | None = None
+    controller: Child | None = None
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def topics(self) -> dict[str, str]:
-        keys = ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON")
+        keys = ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE", "SHADOW")
         return {k.lower(): self.env[f"TIDEGATE_TOPICS_{k}"] for k in keys}
+
+    def cli(self, *args: str) -> object:
+        """Run `tidegate ARGS... --json` and return what it printed, parsed."""
+        return json.loads(_cli(self.env, *args, "--json"))
+
+    def register(self, package: str, name: str, version: str) -> None:
+        _cli(self.env, "models", "register", f"var/packages/{package}", "--name", name,
+             "--version", version)  # fmt: skip
+
+    def children(self) -> list[Child]:
+        extra = [c for c in (self.gateway, self.controller) if c is not None]
+        return [*self.workers, *extra]
 
     def start_worker(self, name: str) -> Child:
         port = free_port()
@@ -41,10 +64,11 @@ class Pipeline:
         )
         wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
         self.workers.append(child)
+        self.metrics_ports[name] = port
         return child
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> None:
+def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "tidegate.cli", *args],
         cwd=REPO,
@@ -55,18 +79,26 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> None:
         check=False,
     )
     assert done.returncode == 0, f"tidegate {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
 
 
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     prefix = unique("e2e")
     port = free_port()
+    schema = prefix.replace("-", "_")
     env = {
         "TIDEGATE_TOPICS_REQUESTS": f"{prefix}-requests",
         "TIDEGATE_TOPICS_RESULTS": f"{prefix}-results",
         "TIDEGATE_TOPICS_REPLIES": f"{prefix}-replies",
         "TIDEGATE_TOPICS_FAILED": f"{prefix}-failed",
         "TIDEGATE_TOPICS_POISON": f"{prefix}-poison",
+        "TIDEGATE_TOPICS_LIFECYCLE": f"{prefix}-lifecycle",
+        "TIDEGATE_TOPICS_SHADOW": f"{prefix}-shadow",
+        "TIDEGATE_POSTGRES_DB_SCHEMA": schema,
+        "TIDEGATE_LIFECYCLE_CONTROLLER_TICK_S": "0.2",
+        # Every sampled request is compared, so shadow stats can be checked against a direct run.
+        "TIDEGATE_WORKER_SHADOW_MAX_IN_FLIGHT": "256",
         "TIDEGATE_TOPICS_PARTITIONS": "8",
         "TIDEGATE_TOPICS_REPLY_PARTITIONS": "4",
         "TIDEGATE_WORKER_GROUP_ID": f"{prefix}-workers",
@@ -75,13 +107,27 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     _cli(env, "models", "build")
     _cli(env, "stack", "topics")
     _cli(env, "schemas", "register")
+    migrate(PostgresSettings(db_schema=schema))
     pipe = Pipeline(env, f"http://127.0.0.1:{port}", tmp_path_factory.mktemp("pipeline"))
     try:
+        for name, version in SERVED:
+            pipe.register(f"{name}/{version}", name, version)
+            _cli(env, "models", "promote", name, version)
+        pipe.controller = spawn("controller", ["controller"], pipe.run_dir, env)
         pipe.start_worker("e2e-w1")
         pipe.start_worker("e2e-w2")
         pipe.gateway = spawn("gateway", ["gateway"], pipe.run_dir, env)
         wait_http(f"{pipe.base_url}/v2/health/ready", pipe.gateway, 120)
         yield pipe
     finally:
-        for child in [*pipe.workers, *([pipe.gateway] if pipe.gateway else [])]:
+        for child in pipe.children():
             child.stop()
+        _drop_schema(schema)
+
+
+def _drop_schema(schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PostgresSettings().conninfo(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
