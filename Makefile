@@ -46,7 +46,7 @@ down: ## Stop what `make up` and `make demo DEMO_ARGS=--keep` started (by PID fi
 status: ## Show each server and each topic of the local stack.
 	bash infra/stack.sh status
 
-models: setup ## Build the example models (fraud v1/v2, fraud-lite, minilm) into var/models.
+models: setup ## Build the example models (fraud 1/2/3, fraud-lite, minilm) into var/models and var/packages.
 	$(BIN)/tidegate models build
 
 test: up models ## Run the whole suite (unit, integration, e2e) against the real stack.
@@ -70,7 +70,7 @@ fmt: setup ## Format the code with ruff.
 typecheck: setup ## mypy only.
 	$(BIN)/mypy
 
-demo: up models ## Set up, start the stack, 2 workers and a gateway, and send traffic end to end.
+demo: up models ## Set up, start the stack, controller, 2 workers and a gateway; traffic, shadow, canary, rollback.
 	$(BIN)/tidegate schemas register
 	$(BIN)/tidegate demo $(DEMO_ARGS)
 

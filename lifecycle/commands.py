@@ -291,12 +291,20 @@ class LifecycleCommands:
         return decide.GateResult(**gate)
 
     async def compare(self, model: str, candidate: str) -> dict[str, Any]:
-        """The candidate's shadow comparison stats against the current primary (comparisons
-        with an earlier primary say nothing about replacing this one), and the promotion
-        gate's verdict on them."""
-        state = await self.status(model)
+        """The candidate's shadow comparison stats of its latest shadow run, against the current
+        primary (comparisons from an earlier run or with an earlier primary say nothing about
+        the candidate as it would replace this one now), and the promotion gate's verdict."""
+        history = await self.history(model)
+        state = fold(model, history)
         decide.known_version(state, candidate)
-        stats = await lineage.shadow_stats(self.pool, model, candidate, primary=state.primary)
+        started = [
+            e.occurred_at
+            for e in history
+            if isinstance(e.payload, ev.ShadowStarted) and e.payload.version == candidate
+        ]
+        stats = await lineage.shadow_stats(
+            self.pool, model, candidate, primary=state.primary, since=max(started, default=None)
+        )
         verdict = decide.evaluate_gate(
             stats.agreement,
             stats.mean_cosine,

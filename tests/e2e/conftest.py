@@ -113,7 +113,9 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         for name, version in SERVED:
             pipe.register(f"{name}/{version}", name, version)
             _cli(env, "models", "promote", name, version)
-        pipe.controller = spawn("controller", ["controller"], pipe.run_dir, env)
+        pipe.controller = spawn(
+            "controller", ["controller", "--group-id", f"{prefix}-indexer"], pipe.run_dir, env
+        )
         pipe.start_worker("e2e-w1")
         pipe.start_worker("e2e-w2")
         pipe.gateway = spawn("gateway", ["gateway"], pipe.run_dir, env)

@@ -231,6 +231,14 @@ def test_shadow_gate_force_rollback_canary_rules_and_retire(
         " 0, %s)",
         [(f"old{i}", now) for i in range(50)],
     )
+    # Comparisons from before the latest shadow run judged an earlier run: not counted.
+    sql(
+        pg_settings,
+        "INSERT INTO shadow_comparisons (model, candidate_version, request_id, primary_version,"
+        " kind, rows, agree_rows, compared_at) VALUES ('fraud', '2', %s, '1', 'classifier', 10,"
+        " 0, %s)",
+        [(f"earlier{i}", now - timedelta(days=1)) for i in range(50)],
+    )
     compared = cli_json(env, "models", "compare", "fraud", "--candidate", "2")
     assert compared["stats"]["samples"] == 120
     assert compared["stats"]["agreement"] == pytest.approx(1150 / 1200)

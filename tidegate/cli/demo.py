@@ -1,8 +1,11 @@
 """`tidegate demo`: the pipeline end to end on the local stack.
 
-It starts 2 workers and 1 gateway, sends `fraud` and `minilm` traffic both through the V2 HTTP
-gateway and straight into Kafka, prints a summary, and stops what it started unless `--keep`.
-`make demo` runs the set-up, the stack, the models and the schema registration before it.
+It registers the example models and promotes the served versions (`tidegate models ...`), starts
+the lifecycle controller, 2 workers and 1 gateway, sends `fraud` and `minilm` traffic both through
+the V2 HTTP gateway and straight into Kafka, then shows the lifecycle: fraud 2 shadowed next to
+fraud 1 with the comparison, and a canary of the faulty fraud 3 rolled back by the controller on
+its own. It prints a summary and stops what it started unless `--keep`. `make demo` runs the
+set-up, the stack, the models and the schema registration before it.
 """
 
 from __future__ import annotations
@@ -90,27 +93,32 @@ def demo(
     from rich.progress import Progress
     from rich.table import Table
 
+    from tidegate.cli.demo_lifecycle import bootstrap, showcase
     from tidegate.loadgen import KafkaLoad, LoadResult, http_load
     from tidegate.procs import spawn, stop_recorded, wait_http
-    from tidegate.settings import GatewaySettings
+    from tidegate.settings import GatewaySettings, ModelSettings
 
     console = Console()
     stop_recorded(RUN_DIR)
+    console.rule("registering the example models")
+    bootstrap(ModelSettings().store_dir.parent / "packages", console)
     gw = GatewaySettings()
     base = f"http://{gw.host}:{gw.port}"
     children = [
+        spawn("controller", ["controller", "--migrate"], RUN_DIR),
         spawn("worker-1", ["worker", "--worker-id", "demo-w1", "--metrics-port", "9101"], RUN_DIR),
         spawn("worker-2", ["worker", "--worker-id", "demo-w2", "--metrics-port", "9102"], RUN_DIR),
         spawn("gateway", ["gateway"], RUN_DIR),
     ]
     results: list[LoadResult] = []
+    canary: list[LoadResult] = []
     try:
-        with console.status("starting 2 workers and 1 gateway, loading models"):
-            for child, port in zip(children[:2], (9101, 9102), strict=True):
+        with console.status("starting the controller, 2 workers and 1 gateway, loading models"):
+            for child, port in zip(children[1:3], (9101, 9102), strict=True):
                 wait_http(f"http://127.0.0.1:{port}/metrics", child, 120)
-            wait_http(f"{base}/v2/health/ready", children[2], 120)
+            wait_http(f"{base}/v2/health/ready", children[3], 120)
             for model in ("fraud", "minilm"):
-                wait_http(f"{base}/v2/models/{model}/ready", children[2], 120)
+                wait_http(f"{base}/v2/models/{model}/ready", children[3], 120)
         run = uuid.uuid4().hex[:8]
         plan = [
             ("HTTP", "fraud", 200.0, int(1000 * scale)),
@@ -120,39 +128,51 @@ def demo(
         ]
         kafka = KafkaLoad()
         kafka.start(functools.partial(_with_run, fraud_record, f"{run}-warm"))
-        with kafka, Progress(console=console) as progress:
-            for path, model, rate, count in plan:
-                task = progress.add_task(f"{path:<5} {model}", total=count)
+        with kafka:
+            with Progress(console=console) as progress:
+                for path, model, rate, count in plan:
+                    task = progress.add_task(f"{path:<5} {model}", total=count)
 
-                def advance(n: int, task: Any = task) -> None:
-                    progress.advance(task, n)
+                    def advance(n: int, task: Any = task) -> None:
+                        progress.advance(task, n)
 
-                label = f"{path} {model}"
-                if path == "HTTP":
-                    body = fraud_body if model == "fraud" else minilm_body
-                    url = f"{base}/v2/models/{model}/infer"
-                    results.append(
-                        asyncio.run(
-                            http_load(label, url, body, rate=rate, count=count, progress=advance)
+                    label = f"{path} {model}"
+                    if path == "HTTP":
+                        body = fraud_body if model == "fraud" else minilm_body
+                        url = f"{base}/v2/models/{model}/infer"
+                        results.append(
+                            asyncio.run(
+                                http_load(
+                                    label, url, body, rate=rate, count=count, progress=advance
+                                )
+                            )
                         )
-                    )
-                else:
-                    make = fraud_record if model == "fraud" else minilm_record
-                    results.append(
-                        kafka.run(
-                            label,
-                            functools.partial(_with_run, make, run),
-                            rate=rate,
-                            count=count,
-                            progress=advance,
+                    else:
+                        make = fraud_record if model == "fraud" else minilm_record
+                        results.append(
+                            kafka.run(
+                                label,
+                                functools.partial(_with_run, make, run),
+                                rate=rate,
+                                count=count,
+                                progress=advance,
+                            )
                         )
-                    )
+
+            def traffic(stage: str) -> Callable[[int], dict[str, Any]]:
+                return functools.partial(_with_run, fraud_record, f"{run}-{stage}-{uuid.uuid4()}")
+
+            staged = showcase(console, kafka, traffic, {"demo-w1", "demo-w2"}, scale)
+            results.append(staged[0])
+            canary.extend(staged[1:])
     finally:
         if not keep:
             for child in children:
                 child.stop()
 
-    table = Table(title="tidegate demo: 2 workers, 1 gateway, CPU")
+    if canary:
+        results.append(_merged("Kafka fraud-canary", canary))
+    table = Table(title="tidegate demo: 2 workers, 1 gateway, 1 controller, CPU")
     for col in ("path", "model", "sent", "ok", "errors", "lost", "req/s", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right" if col not in ("path", "model") else "left")
     table.add_column("mean batch", justify="right")
@@ -165,11 +185,31 @@ def demo(
     console.print(table)
     if keep:
         console.print(f"Workers and gateway keep running ({base}); `make down` stops them.")
-    if any(r.errors or r.lost for r in results):
-        for r in results:
+    # The canary's errors are fraud 3's deliberate faults, which the rollback is about; a lost
+    # request is a failure anywhere.
+    failed = [r for r in results if r.lost or (r.errors and "canary" not in r.label)]
+    if failed:
+        for r in failed:
             if r.errors or r.lost:
                 console.print(f"[red]{r.label}[/red]: {r.statuses}, lost {r.lost}")
         raise typer.Exit(1)
+
+
+def _merged(label: str, parts: list[Any]) -> Any:
+    from tidegate.loadgen import LoadResult
+
+    merged = LoadResult(label)
+    for part in parts:
+        merged.sent += part.sent
+        merged.ok += part.ok
+        merged.errors += part.errors
+        merged.lost += part.lost
+        merged.elapsed_s += part.elapsed_s
+        merged.latencies.extend(part.latencies)
+        merged.batch_sizes.extend(part.batch_sizes)
+        for status, n in part.statuses.items():
+            merged.statuses[status] = merged.statuses.get(status, 0) + n
+    return merged
 
 
 def demo_stop() -> None:
