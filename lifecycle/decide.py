@@ -209,6 +209,12 @@ def promote(
         )
     if not needs_gate(state, version):
         return ev.Promoted(version, forced=False, previous=None, agreement=None)
+    if state.previous_primary is not None and not _primary_ready(state):
+        # Another promotion would drop the only warm fallback, the previous primary.
+        raise InvalidTransitionError(
+            f"{state.model} is still warming up its new primary {state.primary}; promote again "
+            "once a worker has loaded it"
+        )
     if gate is None:
         raise InvalidTransitionError(f"promoting {state.model} {version} needs a gate verdict")
     if not gate.passed and not force:
@@ -262,6 +268,11 @@ def rollback(
     return ev.RolledBack(current, reason, dict(metrics or {}), to_version=target)
 
 
+def _primary_ready(state: ModelState) -> bool:
+    primary = state.version(state.primary) if state.primary else None
+    return primary is not None and primary.ready
+
+
 def retire(state: ModelState, version: str) -> ev.Retired:
     found = known_version(state, version)
     if found.status is VersionStatus.RETIRED:
@@ -273,6 +284,11 @@ def retire(state: ModelState, version: str) -> ev.Retired:
     if found.weight > 0:
         raise InvalidTransitionError(
             f"{state.model} version {version} takes {found.weight}% of the traffic"
+        )
+    if version == state.previous_primary and not _primary_ready(state):
+        raise InvalidTransitionError(
+            f"{state.model} version {version} serves while the new primary {state.primary} "
+            "warms up; retire it once a worker has loaded the primary"
         )
     if state.canary is not None and version in (state.canary.version, state.canary.baseline):
         raise InvalidTransitionError(f"{state.model} version {version} is in a running canary")

@@ -90,7 +90,9 @@ class RoutingTable:
                     continue
                 if rule.version is not None and rule.version in self.servable:
                     return Decision(rule.version, f"pin:{rule.rule_id}")
-                weights = [(v, w) for v, w in rule.weights if v in self.servable]
+                # An experiment's arms are warm-before-route like the split: an arm this
+                # worker has not loaded is left out until it has (pins load on demand).
+                weights = [(v, w) for v, w in rule.weights if v in self.servable and ready(v)]
                 if weights:
                     version = choose_weighted(f"{self.model}\0{rule.rule_id}", key, weights)
                     return Decision(version, f"experiment:{rule.rule_id}")

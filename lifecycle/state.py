@@ -200,6 +200,9 @@ def _apply(s: ModelState, p: ev.Payload, e: ev.RecordedEvent) -> ModelState:
             tuple(sorted(p.thresholds.items())),
             started_at=at,
         )
+        # A candidate taking live traffic is no longer shadowed: copies of the baseline's
+        # requests would queue on its compute ahead of its own canary requests.
+        s = _update(s, p.version, at, shadow_rate=None)
         return dataclasses.replace(s, canary=canary)
     if isinstance(p, ev.TrafficShifted):
         s = _weights(s, p.weights, at)

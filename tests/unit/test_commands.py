@@ -89,6 +89,16 @@ def test_a_cold_promotion_keeps_traffic_on_the_previous_primary_until_it_warms()
     assert warm.effective_weights() == {"3": 100}
 
 
+def test_the_warm_fallback_of_a_warming_primary_is_kept() -> None:
+    warming = _live(ev.Promoted("3", previous="1"))
+    with pytest.raises(InvalidTransitionError, match="warms up"):
+        decide.retire(warming, "1")
+    with pytest.raises(InvalidTransitionError, match="still warming up"):
+        decide.promote(warming, "2", _gate(0.99, 500), force=True)
+    warm = _live(ev.Promoted("3", previous="1"), ev.VersionLoaded("3", "w1"))
+    assert decide.retire(warm, "1") == ev.Retired("1")
+
+
 def test_promote_refuses_unvalidated_current_or_unknown_versions() -> None:
     state = _live(ev.ModelRegistered("4", "onnx", "u", {}), ev.ValidationFailed("4", "bad graph"))
     with pytest.raises(InvalidTransitionError, match="failed: bad graph"):

@@ -98,3 +98,13 @@ def test_a_worker_that_has_not_warmed_a_new_primary_keeps_serving_the_previous_o
     assert {d.rule.split("@")[0] for d in decisions} == {"warming-fallback"}
     warm_here.add("2")
     assert {table.route(tenant="t", key=f"k{i}").version for i in range(200)} == {"2"}
+
+
+def test_an_experiment_arm_that_is_not_warm_here_gets_no_requests() -> None:
+    table = _table(ev.RoutingRuleSet("exp", tenant="beta", weights={"1": 50, "2": 50}))
+    decisions = [
+        table.route(tenant="beta", key=f"k{i}", ready=lambda v: v == "1") for i in range(200)
+    ]
+    assert {d.version for d in decisions} == {"1"}
+    cold_everywhere = [table.route(tenant="beta", key="k", ready=lambda v: False)]
+    assert cold_everywhere[0].rule.startswith("split@"), "no warm arm: the split decides"

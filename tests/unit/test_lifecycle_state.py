@@ -161,3 +161,13 @@ def test_the_fold_is_deterministic_and_time_ordered() -> None:
     before = fold("fraud", [e for e in events if e.occurred_at <= at(5)])
     assert before.primary == "1"
     assert fold("fraud", events).primary == "2"
+
+
+def test_a_canary_ends_the_candidates_shadow() -> None:
+    s = _state(
+        *registered_and_validated("1", "2"),
+        ev.Promoted("1"),
+        ev.ShadowStarted("2"),
+        ev.CanaryStarted("2", [10, 100]),
+    )
+    assert s.shadows() == {}
