@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,6 +44,7 @@ __all__ = [
     "StatsFn",
     "Thresholds",
     "decide",
+    "wilson_lower",
 ]
 
 _log = logging.getLogger(__name__)
@@ -67,19 +69,38 @@ class Thresholds:
     max_error_rate_increase: float
     max_p99_ratio: float
     min_requests: int
+    confidence_z: float = 1.645
+    min_latency_samples: int = 100
+    min_p99_gap_ms: float = 10.0
 
     @classmethod
     def of(cls, canary: CanaryState, settings: LifecycleSettings) -> Thresholds:
         """The canary's own thresholds (CanaryStarted.thresholds), the settings' for the rest."""
         given = dict(canary.thresholds)
+
+        def pick(name: str) -> float:
+            return float(given.get(name, getattr(settings, f"canary_{name}")))
+
         return cls(
-            max_error_rate=float(given.get("max_error_rate", settings.canary_max_error_rate)),
-            max_error_rate_increase=float(
-                given.get("max_error_rate_increase", settings.canary_max_error_rate_increase)
-            ),
-            max_p99_ratio=float(given.get("max_p99_ratio", settings.canary_max_p99_ratio)),
-            min_requests=int(given.get("min_requests", settings.canary_min_requests)),
+            max_error_rate=pick("max_error_rate"),
+            max_error_rate_increase=pick("max_error_rate_increase"),
+            max_p99_ratio=pick("max_p99_ratio"),
+            min_requests=int(pick("min_requests")),
+            confidence_z=pick("confidence_z"),
+            min_latency_samples=int(pick("min_latency_samples")),
+            min_p99_gap_ms=pick("min_p99_gap_ms"),
         )
+
+
+def wilson_lower(errors: int, count: int, z: float) -> float:
+    """The lower end of the Wilson score interval of an error rate: with few results it stays
+    well below the observed rate, so one unlucky error does not read as a regression."""
+    if count <= 0:
+        return 0.0
+    p, z2 = errors / count, z * z
+    centre = p + z2 / (2 * count)
+    margin = z * math.sqrt(p * (1 - p) / count + z2 / (4 * count * count))
+    return max(0.0, (centre - margin) / (1 + z2 / count))
 
 
 def decide(
@@ -142,22 +163,25 @@ def _baseline(model: str, canary: CanaryState, stats: StatsFn, limits: Threshold
 
 
 def _breach(cand: WindowStats, base: WindowStats, limits: Thresholds) -> str | None:
-    if cand.error_rate > limits.max_error_rate:
+    low = wilson_lower(cand.errors, cand.count, limits.confidence_z)
+    if low > limits.max_error_rate:
         return (
-            f"candidate error rate {cand.error_rate:.3f} > max_error_rate {limits.max_error_rate:g}"
+            f"candidate error rate {cand.error_rate:.3f} (at least {low:.3f} at "
+            f"z={limits.confidence_z:g}) > max_error_rate {limits.max_error_rate:g}"
         )
     if base.count < limits.min_requests:
         return None  # nothing to compare with: only the absolute threshold applies
-    increase = cand.error_rate - base.error_rate
+    increase = low - base.error_rate
     if increase > limits.max_error_rate_increase:
         return (
-            f"candidate error rate {cand.error_rate:.3f} exceeds baseline's "
-            f"{base.error_rate:.3f} by {increase:.3f} > "
+            f"candidate error rate {cand.error_rate:.3f} (at least {low:.3f}) exceeds "
+            f"baseline's {base.error_rate:.3f} by {increase:.3f} > "
             f"max_error_rate_increase {limits.max_error_rate_increase:g}"
         )
-    if cand.p99_ms is not None and base.p99_ms is not None and base.p99_ms > 0:
+    enough = min(cand.count, base.count) >= limits.min_latency_samples
+    if enough and cand.p99_ms is not None and base.p99_ms is not None and base.p99_ms > 0:
         ratio = cand.p99_ms / base.p99_ms
-        if ratio > limits.max_p99_ratio:
+        if ratio > limits.max_p99_ratio and cand.p99_ms - base.p99_ms > limits.min_p99_gap_ms:
             return (
                 f"candidate p99 {cand.p99_ms:.1f} ms is {ratio:.2f}x baseline's "
                 f"{base.p99_ms:.1f} ms > max_p99_ratio {limits.max_p99_ratio:g}"
@@ -170,6 +194,9 @@ def _metrics(cand: WindowStats, base: WindowStats, limits: Thresholds) -> dict[s
     unknown p99 (no latencies) is left out rather than written as a made-up number."""
     metrics = {
         "candidate_error_rate": cand.error_rate,
+        "candidate_error_rate_lower_bound": wilson_lower(
+            cand.errors, cand.count, limits.confidence_z
+        ),
         "baseline_error_rate": base.error_rate,
         "candidate_requests": float(cand.count),
         "baseline_requests": float(base.count),

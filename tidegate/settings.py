@@ -343,6 +343,19 @@ class LifecycleSettings(BaseSettings):
     canary_min_requests: int = Field(
         20, ge=1, description="Candidate results needed before thresholds are judged."
     )
+    canary_confidence_z: float = Field(
+        1.645,
+        ge=0,
+        le=5,
+        description="Error rates are judged by the lower bound of their Wilson interval at this "
+        "z (1.645: one-sided 95%), so a handful of errors in a small sample does not roll back.",
+    )
+    canary_min_latency_samples: int = Field(
+        100, ge=1, description="Results each side needs before the p99 ratio is judged."
+    )
+    canary_min_p99_gap_ms: float = Field(
+        10.0, ge=0, description="A p99 regression must also exceed the baseline's by this much."
+    )
     controller_tick_s: float = Field(
         0.5, gt=0, le=60, description="How often the canary controller evaluates."
     )

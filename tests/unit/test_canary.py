@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from lifecycle import events as ev
-from lifecycle.controller import CanaryController, Thresholds, decide
+from lifecycle.controller import CanaryController, Thresholds, decide, wilson_lower
 from lifecycle.state import ModelState, fold
 from lifecycle.windows import LiveWindows, ResultSample, WindowStats, is_error, percentile
 from tidegate.errors import ConcurrencyConflictError
@@ -138,7 +138,11 @@ def test_rolls_back_on_the_error_rate_with_a_metrics_snapshot(windows: LiveWindo
     assert rollback.to_version == "v1"
     assert "max_error_rate 0.05" in rollback.reason
     assert "step 1/3 (10%)" in rollback.reason
-    assert rollback.metrics == {
+    metrics = dict(rollback.metrics)
+    assert metrics.pop("candidate_error_rate_lower_bound") == pytest.approx(
+        wilson_lower(10, 50, 1.645)
+    )
+    assert metrics == {
         "candidate_error_rate": 0.2,
         "baseline_error_rate": 0.01,
         "candidate_requests": 50.0,
@@ -151,6 +155,9 @@ def test_rolls_back_on_the_error_rate_with_a_metrics_snapshot(windows: LiveWindo
         "max_error_rate_increase": 0.02,
         "max_p99_ratio": 2.0,
         "min_requests": 20.0,
+        "confidence_z": 1.645,
+        "min_latency_samples": 100.0,
+        "min_p99_gap_ms": 10.0,
     }
     after = fold("fraud", recorded([*canary_at_step(10, 20), (25, rollback)]))
     assert after.canary is None
@@ -176,9 +183,9 @@ def test_results_before_the_step_are_not_judged(windows: LiveWindows) -> None:
 def test_rolls_back_on_an_error_rate_increase_over_the_baseline(windows: LiveWindows) -> None:
     history = canary_at_step(10, 20, thresholds={"max_error_rate": 0.5})
     state = fold("fraud", recorded(history))
-    feed(windows, "v2", start=21, n=100, errors=4)
-    feed(windows, "v1", start=21, n=100, errors=1)
-    # 0.04 - 0.01 = 0.03 > 0.02, while 0.04 is under the absolute limit of 0.5.
+    feed(windows, "v2", start=21, n=200, errors=10)
+    feed(windows, "v1", start=21, n=200, errors=1)
+    # 0.05 (at least 0.030) - 0.005 = 0.025 > 0.02, while under the absolute limit of 0.5.
     [rollback] = decide(state, windows.stats, at(30), SETTINGS)
     assert isinstance(rollback, ev.RolledBack)
     assert "max_error_rate_increase 0.02" in rollback.reason
@@ -192,10 +199,26 @@ def test_within_the_allowed_increase_the_canary_goes_on(windows: LiveWindows) ->
     assert decide(state, windows.stats, at(30), SETTINGS) == []
 
 
+def test_one_early_error_of_a_healthy_candidate_does_not_roll_back(windows: LiveWindows) -> None:
+    state = fold("fraud", recorded(canary_at_step(10, 20)))
+    feed(windows, "v2", start=21, n=20, errors=1)  # 5%, but at least only 0.9% at 95%
+    feed(windows, "v1", start=21, n=200, errors=1)
+    assert decide(state, windows.stats, at(25), SETTINGS) == []
+
+
+def test_a_small_p99_gap_is_noise_whatever_the_ratio(windows: LiveWindows) -> None:
+    state = fold("fraud", recorded(canary_at_step(10, 20)))
+    feed(windows, "v2", start=21, n=150, ms=9.0)
+    feed(windows, "v1", start=21, n=150, ms=3.0)
+    assert decide(state, windows.stats, at(25), SETTINGS) == []
+
+
 def test_rolls_back_on_the_p99_ratio(windows: LiveWindows) -> None:
     state = fold("fraud", recorded(canary_at_step(10, 20)))
-    feed(windows, "v2", start=21, n=50, ms=250.0)
-    feed(windows, "v1", start=21, n=50, ms=100.0)
+    feed(windows, "v2", start=21, n=99, ms=250.0)
+    feed(windows, "v1", start=21, n=150, ms=100.0)
+    assert decide(state, windows.stats, at(30), SETTINGS) == [], "p99 of too few results"
+    feed(windows, "v2", start=22, n=1, ms=250.0)
     [rollback] = decide(state, windows.stats, at(30), SETTINGS)
     assert isinstance(rollback, ev.RolledBack)
     assert "max_p99_ratio 2" in rollback.reason
@@ -224,7 +247,7 @@ def test_blue_green_is_one_step_and_compares_with_the_baseline_before_it(
     state = fold("fraud", recorded(history))
     # v1 served before the switch, within a dwell before the canary began: its window is that.
     feed(windows, "v1", start=-40, n=100, ms=10.0)
-    feed(windows, "v2", start=13, n=50, ms=30.0)
+    feed(windows, "v2", start=13, n=150, ms=30.0)
     [rollback] = decide(state, windows.stats, at(14), SETTINGS)
     assert isinstance(rollback, ev.RolledBack)
     assert "max_p99_ratio" in rollback.reason
