@@ -2,12 +2,15 @@
 
 `append` commits to the event store (which also queues the events in the outbox), then asks the
 relay to publish them at once, so a writer's events are usually on Kafka when `append` returns.
-That publish is best effort: the commit is what counts, and if Kafka is down the controller's
-relay loop (or the next append) publishes the events later.
+That publish is best effort and bounded: the commit is what counts, so `append` waits for it at
+most `publish_wait_s` (Kafka down must not make every command and worker report take the
+delivery timeout); the publish goes on in the background, and if it fails the controller's relay
+loop (or the next append) publishes the events later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -36,6 +39,7 @@ __all__ = ["LifecycleLog"]
 log = logging.getLogger(__name__)
 
 _OPEN_TIMEOUT_S = 30.0
+_PUBLISH_WAIT_S = 2.0
 
 
 class LifecycleLog:
@@ -50,10 +54,13 @@ class LifecycleLog:
         relay: OutboxRelay,
         *,
         owned_pool: AsyncConnectionPool[Any] | None = None,
+        publish_wait_s: float = _PUBLISH_WAIT_S,
     ) -> None:
         self.store = store
         self.relay = relay
         self._owned_pool = owned_pool
+        self._publish_wait = publish_wait_s
+        self._publishing: set[asyncio.Task[int]] = set()
 
     @classmethod
     def from_settings(
@@ -85,6 +92,12 @@ class LifecycleLog:
         await self.relay.open()
 
     async def stop(self) -> None:
+        if self._publishing:
+            # Give publishes in flight a moment; what is cut short stays in the outbox.
+            await asyncio.wait(self._publishing, timeout=self._publish_wait)
+            for task in self._publishing:
+                task.cancel()
+            await asyncio.gather(*self._publishing, return_exceptions=True)
         try:
             await self.relay.close()
         finally:
@@ -104,17 +117,26 @@ class LifecycleLog:
         """`EventStore.append`, then publish. Raises what the append raises (conflicts, an
         unavailable store); a failed publish is only logged, as the events are committed."""
         recorded = await self.store.append(stream, events, expected_version=expected_version)
-        try:
-            await self.relay.flush()
-        except Exception:
-            log.warning(
-                "events %s/%d..%d are committed but not yet published; the relay retries",
-                stream,
-                recorded[0].sequence,
-                recorded[-1].sequence,
-                exc_info=True,
-            )
+        where = f"{stream}/{recorded[0].sequence}..{recorded[-1].sequence}"
+        publish = asyncio.ensure_future(self.relay.flush())
+        self._publishing.add(publish)
+        publish.add_done_callback(lambda task: self._published(task, where))
+        # A failed publish is logged by _published; the events are committed, the relay retries.
+        done, _ = await asyncio.wait({publish}, timeout=self._publish_wait)
+        if not done:
+            log.warning("events %s are committed; publishing them goes on in the background", where)
         return recorded
+
+    def _published(self, task: asyncio.Task[int], where: str) -> None:
+        self._publishing.discard(task)
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            log.warning(
+                "events %s are committed but not yet published; the relay retries",
+                where,
+                exc_info=exc,
+            )
 
     async def read(self, stream: str, *, until: datetime | None = None) -> list[RecordedEvent]:
         return await self.store.read(stream, until=until)

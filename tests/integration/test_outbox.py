@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -177,6 +178,24 @@ async def test_a_failed_delivery_is_never_marked_published(
         assert await unpublished(pg_pool) == [recorded[0].position]
     finally:
         await dead.close()
+
+
+async def test_an_append_waits_for_a_stuck_publish_only_briefly(
+    pg_pool: Pool, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("outbox-stuck")
+    dead_kafka = KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}")
+    stuck = relay(pg_pool, dead_kafka, topic, delivery_timeout_s=20.0)
+    log = LifecycleLog(EventStore(pg_pool), stuck, publish_wait_s=0.5)
+    await stuck.open()
+    try:
+        started = time.monotonic()
+        recorded = await log.append("fraud", [ev.NewEvent(registered("v1"))], expected_version=0)
+        assert time.monotonic() - started < 5, "the append waited on Kafka's delivery timeout"
+        assert await unpublished(pg_pool) == [recorded[0].position]
+    finally:
+        await log.stop()
+    assert await unpublished(pg_pool) == [recorded[0].position]
 
 
 async def test_only_one_publisher_at_a_time(
