@@ -79,6 +79,10 @@ class RegisterResult(CommandResult):
 Rule = Callable[[ModelState], ev.Payload]
 
 
+_REDECIDE_ATTEMPTS = 3
+_WORKER_REPORTS = (ev.VersionLoaded, ev.VersionUnloaded)
+
+
 class LifecycleCommands:
     """One object per process (CLI run or gateway); cheap, holds no state of its own."""
 
@@ -196,8 +200,12 @@ class LifecycleCommands:
         gate = None
         if state.sequence and decide.needs_gate(state, version):
             gate = await self.gate(model, version)
-        payload = decide.promote(state, version, gate, force=force)
-        recorded = await self._append(state, [payload], actor)
+        state, recorded = await self._decide_and_append(
+            state,
+            lambda s: [decide.promote(s, version, gate, force=force)],
+            actor,
+            expected_sequence,
+        )
         return CommandResult(_after(state, recorded), recorded, gate)
 
     async def rollback(
@@ -330,8 +338,34 @@ class LifecycleCommands:
         self, model: str, rule: Rule, actor: str, expected_sequence: int | None
     ) -> CommandResult:
         state = await self._read(model, expected_sequence)
-        recorded = await self._append(state, [rule(state)], actor)
+        state, recorded = await self._decide_and_append(
+            state, lambda s: [rule(s)], actor, expected_sequence
+        )
         return CommandResult(_after(state, recorded), recorded)
+
+    async def _decide_and_append(
+        self,
+        state: ModelState,
+        rule: Callable[[ModelState], list[ev.Payload]],
+        actor: str,
+        expected_sequence: int | None,
+    ) -> tuple[ModelState, list[ev.RecordedEvent]]:
+        """Decide on `state` and append. Workers report VersionLoaded/Unloaded at any time, and
+        such a report between the read and the append must not fail an operator's command: when
+        the operator named no sequence and only worker reports intervened, decide again on the
+        newer state. Any other intervening event is a real conflict and is raised."""
+        for attempt in range(_REDECIDE_ATTEMPTS):
+            try:
+                return state, await self._append(state, rule(state), actor)
+            except ConcurrencyConflictError:
+                if expected_sequence is not None or attempt + 1 == _REDECIDE_ATTEMPTS:
+                    raise
+                history = await self.events.read(state.model)
+                between = [e for e in history if e.sequence > state.sequence]
+                if not all(isinstance(e.payload, _WORKER_REPORTS) for e in between):
+                    raise
+                state = fold(state.model, history)
+        raise AssertionError("unreachable: the last attempt raises")
 
     async def _read(self, model: str, expected_sequence: int | None) -> ModelState:
         return self._check(await self.events.load(model), expected_sequence)

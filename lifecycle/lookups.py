@@ -4,6 +4,7 @@ and the live metrics an operator's rollback records."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +63,9 @@ async def live_metrics(
     return metrics
 
 
+_TABLE_SEQUENCE = re.compile(r"@(\d+)$")
+
+
 async def served_view(
     pool: AsyncConnectionPool[Any], events: EventStore, request_id: str
 ) -> dict[str, Any]:
@@ -73,7 +77,14 @@ async def served_view(
             f"no served request {request_id!r} is indexed (unknown, or not indexed yet)"
         )
     history = await events.read(record.model)
-    then = fold(record.model, [e for e in history if e.occurred_at <= record.completed_at])
+    # A split names the table that decided (`split@41`): fold exactly up to it, as the worker
+    # had. Other rules fall back to the completion time, which worker clock skew can blur.
+    decided = _TABLE_SEQUENCE.search(record.routing_rule or "")
+    if decided is not None:
+        upto = int(decided.group(1))
+        then = fold(record.model, [e for e in history if e.sequence <= upto])
+    else:
+        then = fold(record.model, [e for e in history if e.occurred_at <= record.completed_at])
     out: dict[str, Any] = {
         "request": record.to_dict(),
         "state_at": iso(record.completed_at),

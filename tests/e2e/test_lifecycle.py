@@ -233,6 +233,7 @@ def test_served_and_state_at_answer_for_requests_before_and_after_a_promotion(
         assert request["routing_rule"] == record["routing_rule"]
         assert request["routing_rule"].startswith("split@")
         assert found["state"]["primary"] == version
+        assert f"split@{found['table']['sequence']}" == request["routing_rule"]
         assert found["lineage"]["version"] == version
         assert found["lineage"]["sha256"]
         at = _iso(record["completed_at"])
