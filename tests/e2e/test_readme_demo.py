@@ -25,10 +25,25 @@ def test_make_demo_runs_the_pipeline_end_to_end() -> None:
     cells_of = [line.split("│") for line in out.splitlines() if line.startswith("│")]
     rows = [c for c in cells_of if len(c) > 3 and c[1].strip() in ("HTTP", "Kafka")]
     paths = {(cells[1].strip(), cells[2].strip()) for cells in rows}
-    assert paths == {("HTTP", "fraud"), ("Kafka", "fraud"), ("HTTP", "minilm"), ("Kafka", "minilm")}
+    assert paths == {
+        ("HTTP", "fraud"),
+        ("Kafka", "fraud"),
+        ("HTTP", "minilm"),
+        ("Kafka", "minilm"),
+        ("Kafka", "fraud+shadow"),
+        ("Kafka", "fraud-canary"),
+    }
     for cells in rows:
         sent, ok, errors, lost = (int(c.strip()) for c in cells[3:7])
-        assert sent == ok > 0
-        assert errors == lost == 0
+        assert lost == 0
+        if cells[2].strip() == "fraud-canary":
+            assert errors > 0, "fraud 3 fails a fifth of its inputs while it takes traffic"
+            assert sent == ok + errors
+        else:
+            assert sent == ok > 0
+            assert errors == 0
+    # the lifecycle part: the shadow comparison and the controller's own rollback
+    assert "promotion gate" in out
+    assert "rolled back 3 to 1" in out
     # it stopped what it started
     assert not list((REPO / "var" / "demo").glob("*.pid"))

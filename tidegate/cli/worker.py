@@ -1,8 +1,10 @@
 """`tidegate worker`: run one inference worker until SIGTERM or SIGINT.
 
-Any number of workers share one consumer group; each loads and warms up every serving version
-before it consumes. Settings come from the environment (TIDEGATE_WORKER_*, TIDEGATE_TOPICS_*, ...);
-the options below override the worker's own.
+Any number of workers share one consumer group. Each reads the `model-lifecycle` topic to its end
+and loads and warms up every version its routing tables want before it consumes, then follows the
+topic: it loads new versions before they take traffic and reports them (VersionLoaded) through the
+event store, which is why workers need TIDEGATE_POSTGRES_* too. Settings come from the environment
+(TIDEGATE_WORKER_*, TIDEGATE_TOPICS_*, ...); the options below override the worker's own.
 """
 
 from __future__ import annotations
