@@ -16,14 +16,20 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from lifecycle import events as ev
 from lifecycle.log import LifecycleLog
 from lifecycle.routing import RoutingTable
 from lifecycle.state import fold
-from schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema
+from schemas import (
+    INFERENCE_REQUEST,
+    MODEL_LIFECYCLE_EVENT,
+    AvroDecoder,
+    AvroEncoder,
+    load_schema,
+)
 from tests.bench.codec import _record
 from tests.support import unique
 from tidegate.db import migrate
@@ -117,6 +123,9 @@ async def _measure() -> dict[str, float]:
     topics = TopicSettings(lifecycle=unique("bench-lifecycle"))
     admin = make_admin(kafka)
     admin.create_topics([NewTopic(topics.lifecycle, 1, 1)])[topics.lifecycle].result(30)
+    client = SchemaRegistryClient(SchemaRegistrySettings().client_config())
+    envelope = load_schema(MODEL_LIFECYCLE_EVENT)
+    client.register_schema(f"{topics.lifecycle}-value", Schema(envelope.text, "AVRO"))
     log = LifecycleLog.from_settings(
         pg, LifecycleSettings(), kafka, topics, SchemaRegistrySettings()
     )
