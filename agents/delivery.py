@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from agents import metrics
 from schemas import DEAD_LETTER_ENVELOPE, INFERENCE_RESULT, AvroEncoder, load_schema
 from schemas.catalog import SHADOW_COMPARISON
 from tidegate.errors import ConfigurationError, TidegateError
@@ -85,12 +86,21 @@ class Publisher:
     ) -> None:
         self._produce(topic, self._letters.encode(envelope, self._ids[topic]), key, None, ack)
 
-    def shadow(self, comparison: Mapping[str, Any]) -> None:
-        """Produce a ShadowComparison record, keyed by model. No offset waits for it, so a
-        failed delivery is only logged."""
+    def shadow(self, comparison: Mapping[str, Any]) -> bool:
+        """Produce a ShadowComparison record, keyed by model; False when it was dropped. No
+        offset waits for it, so a failed delivery is only logged, and a full local queue drops
+        it at once: waiting for room would hold up the primary results behind it."""
         topic = self.topics.shadow
         value = self._shadow.encode(comparison, self._ids[topic])
-        self._produce(topic, value, str(comparison["model"]).encode(), None, _log_failure)
+        key = str(comparison["model"]).encode()
+        try:
+            self.producer.produce(topic, key=key, value=value, on_delivery=_log_failure)
+        except BufferError:
+            metrics.SHADOW_SKIPPED.labels(
+                comparison["model"], comparison["candidate_version"], "queue-full"
+            ).inc()
+            return False
+        return True
 
     def poll(self) -> int:
         """Serve delivery callbacks that are due (on the calling thread)."""

@@ -100,7 +100,8 @@ SHADOW_COMPARED = Counter(
 SHADOW_SKIPPED = Counter(
     "tidegate_worker_shadow_skipped",
     "Requests sampled for a shadow candidate but not run on it: `full` when "
-    "shadow_max_in_flight runs were already going, `cold` when the candidate is not loaded here.",
+    "shadow_max_in_flight runs were already going, `cold` when the candidate is not loaded here, "
+    "`queue-full` when the producer's queue had no room for the comparison.",
     ["model", "candidate", "reason"],
 )
 DEAD_LETTERS = Counter(

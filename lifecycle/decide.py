@@ -10,6 +10,7 @@ state the append is conditional on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,7 +42,15 @@ __all__ = [
     "unpin",
 ]
 
-THRESHOLD_KEYS = ("max_error_rate", "max_error_rate_increase", "max_p99_ratio", "min_requests")
+THRESHOLD_KEYS = (
+    "max_error_rate",
+    "max_error_rate_increase",
+    "max_p99_ratio",
+    "min_requests",
+    "confidence_z",
+    "min_latency_samples",
+    "min_p99_gap_ms",
+)
 
 
 def known_model(state: ModelState) -> ModelState:
@@ -126,8 +135,11 @@ def canary(
     if state.primary == version:
         raise InvalidTransitionError(f"{state.model} version {version} is already the primary")
     _check_steps(steps)
-    if dwell_s <= 0:
-        raise InvalidTransitionError(f"dwell must be positive, not {dwell_s}")
+    if not math.isfinite(dwell_s) or dwell_s <= 0:
+        raise InvalidTransitionError(f"dwell must be a positive number of seconds, not {dwell_s}")
+    odd = sorted(k for k, v in thresholds.items() if not math.isfinite(v))
+    if odd:
+        raise InvalidTransitionError(f"thresholds must be finite numbers: {odd}")
     unknown = sorted(set(thresholds) - set(THRESHOLD_KEYS))
     if unknown:
         raise InvalidTransitionError(f"unknown thresholds {unknown}; known: {list(THRESHOLD_KEYS)}")

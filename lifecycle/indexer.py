@@ -286,11 +286,16 @@ async def seed_windows(
 ) -> int:
     """Fill the windows with the results already indexed since `since`, so a controller that
     took over mid-canary judges the whole step, not only what arrived after it started."""
+    # Only the newest `max_samples` per version: the windows keep no more, and an hour of a
+    # busy model's results would not fit in memory.
     async with connection(pool) as conn:
         cur = await conn.execute(
-            "SELECT model, version, status, total_ms, completed_at FROM served_requests"
-            " WHERE completed_at >= %s AND version IS NOT NULL ORDER BY completed_at",
-            (since,),
+            "SELECT model, version, status, total_ms, completed_at FROM ("
+            " SELECT model, version, status, total_ms, completed_at, row_number() OVER"
+            " (PARTITION BY model, version ORDER BY completed_at DESC) AS newest"
+            " FROM served_requests WHERE completed_at >= %s AND version IS NOT NULL) recent"
+            " WHERE newest <= %s ORDER BY completed_at",
+            (since, windows.max_samples),
         )
         rows = await cur.fetchall()
     windows.add(ResultSample(*row) for row in rows)

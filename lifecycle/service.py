@@ -109,7 +109,14 @@ class ControllerService:
         while not stop.is_set():
             try:
                 if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+                    conn = await psycopg.AsyncConnection.connect(
+                        conninfo,
+                        autocommit=True,
+                        keepalives=1,
+                        keepalives_idle=5,
+                        keepalives_interval=2,
+                        keepalives_count=3,
+                    )
                 cur = await conn.execute(_TRY_LOCK, (LOCK_NAME,))
                 row = await cur.fetchone()
                 if row is not None and row[0]:
@@ -190,9 +197,11 @@ class ControllerService:
                     failed.result()  # raises the indexer's error; the process exits non-zero
                     return
                 try:
-                    await lock.execute("SELECT 1")
-                except psycopg.Error as exc:
-                    _log.error("controller lock connection lost, standing down: %s", exc)
+                    # Bounded: on a half-open connection the check would hang, and the lock may
+                    # already be another instance's.
+                    await asyncio.wait_for(lock.execute("SELECT 1"), self.config.lock_check_s)
+                except (psycopg.Error, TimeoutError) as exc:
+                    _log.error("controller lock connection lost, standing down: %r", exc)
                     return
         finally:
             failed.cancel()

@@ -86,6 +86,7 @@ class LiveWindows:
     """Thread-safe: the indexer adds from its task, the controller reads from its own."""
 
     def __init__(self, *, max_samples: int = 50_000, horizon_s: float = 3600.0) -> None:
+        self.max_samples = max_samples
         self._max_samples = max_samples
         self._horizon_s = horizon_s
         self._entries: dict[tuple[str, str], deque[_Entry]] = {}

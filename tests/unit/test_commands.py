@@ -146,6 +146,13 @@ def test_canary_rules() -> None:
             decide.canary(state, "2", steps, 30.0, {})
     with pytest.raises(InvalidTransitionError, match="dwell"):
         decide.canary(state, "2", [100], 0.0, {})
+    with pytest.raises(InvalidTransitionError, match="dwell"):
+        decide.canary(state, "2", [100], float("nan"), {})
+    with pytest.raises(InvalidTransitionError, match="finite"):
+        decide.canary(state, "2", [100], 1.0, {"max_p99_ratio": float("inf")})
+    assert decide.canary(state, "2", [100], 1.0, {"min_p99_gap_ms": 5.0}).thresholds == {
+        "min_p99_gap_ms": 5.0
+    }
     with pytest.raises(InvalidTransitionError, match="unknown thresholds"):
         decide.canary(state, "2", [100], 1.0, {"max_latency": 1.0})
     with pytest.raises(InvalidTransitionError, match="already has a canary"):

@@ -271,3 +271,45 @@ async def test_closing_abandons_what_is_not_delivered() -> None:
     await asyncio.sleep(0)
     await pipe.close()
     assert pipe.tracker.committable() is None
+
+
+class _FullProducer:
+    """A producer whose local queue is always full."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def produce(self, *_args: Any, **_kwargs: Any) -> None:
+        self.attempts += 1
+        raise BufferError("queue full")
+
+    def poll(self, _timeout: float) -> int:
+        raise AssertionError("a shadow comparison must never wait for room in the queue")
+
+
+def test_a_full_producer_queue_drops_a_shadow_comparison_at_once() -> None:
+    from datetime import UTC, datetime
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from agents import metrics
+    from agents.delivery import Publisher
+
+    producer = _FullProducer()
+    publisher = Publisher(
+        producer,  # type: ignore[arg-type]
+        SchemaRegistryClient({"url": "http://127.0.0.1:9"}),
+        TOPICS,
+    )
+    publisher._ids[TOPICS.shadow] = 1
+    comparison = {
+        "model": "fraud", "primary_version": "1", "candidate_version": "2", "request_id": "r",
+        "kind": "classifier", "rows": 1, "agree_rows": 1, "abs_diff_sum": 0.0, "values": 2,
+        "cosine_sum": None, "primary_ms": 1.0, "candidate_ms": 1.0, "candidate_error": None,
+        "worker_id": "w", "compared_at": datetime.now(UTC),
+    }  # fmt: skip
+    dropped = metrics.SHADOW_SKIPPED.labels("fraud", "2", "queue-full")
+    before = dropped._value.get()
+    assert publisher.shadow(comparison) is False
+    assert producer.attempts == 1
+    assert dropped._value.get() == before + 1
