@@ -155,6 +155,13 @@ def run() -> None:
 
     run_dir = Path("var/bench")
     stop_recorded(run_dir)
+    # Workers serve what the lifecycle says: register and promote the example models first.
+    from rich.console import Console
+
+    from tidegate.cli.demo_lifecycle import bootstrap
+    from tidegate.settings import ModelSettings
+
+    bootstrap(ModelSettings().store_dir.parent / "packages", Console())
     gw = GatewaySettings()
     base = f"http://{gw.host}:{gw.port}"
     children = [
