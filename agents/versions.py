@@ -60,6 +60,7 @@ class VersionManager:
         max_loaded: int,
         unload_grace_s: float = 2.0,
         retry_report_s: float = 2.0,
+        retry_loads_s: float = 10.0,
     ) -> None:
         self.cache = cache
         self.worker_id = worker_id
@@ -76,6 +77,8 @@ class VersionManager:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._models: set[str] = set()
+        self._retry_loads = retry_loads_s
 
     # -- the router's side ------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class VersionManager:
         """The feed's listener: a model's table changed."""
         if self._stopped:
             return  # the feed outlives the manager by a moment at shutdown
+        self._models.add(state.model)
         self._reconcile(state.model)
         self._wake.set()
 
@@ -109,6 +113,7 @@ class VersionManager:
         """Load every wanted version of `models` now, report them, then follow table changes in
         the background. Returns the versions that failed to load, and why."""
         for model in models:
+            self._models.add(model)
             self._reconcile(model)
         failures = await self._load_pending()
         await self._flush()
@@ -168,9 +173,14 @@ class VersionManager:
                 await asyncio.sleep(self._retry_report)
             if self._pending:
                 continue
-            timeout = self._retry_report if self._outbox else None
-            with contextlib.suppress(TimeoutError):
+            timeout = self._retry_report if self._outbox else self._retry_loads
+            try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                # A wanted version whose load failed is tried again once its failure is
+                # forgotten, without waiting for the next table change (nor for a request).
+                for model in sorted(self._models):
+                    self._reconcile(model)
 
     async def _load_pending(self) -> dict[VersionKey, str]:
         failures: dict[VersionKey, str] = {}

@@ -70,6 +70,8 @@ class Harness:
         *payloads: ev.Payload,
         max_loaded: int = 8,
         report: Report | None = None,
+        retry_after_s: float = 30.0,
+        retry_loads_s: float = 10.0,
         **loader: Any,
     ) -> None:
         self.loader = Loader(**loader)
@@ -77,13 +79,14 @@ class Harness:
         self.tables = Tables()
         self.use(*payloads)
         self.manager = VersionManager(
-            ModelCache(self.loader),
+            ModelCache(self.loader, retry_after_s=retry_after_s),
             self.tables,
             report or self.reports,
             worker_id=WORKER,
             max_loaded=max_loaded,
             unload_grace_s=0.0,
             retry_report_s=0.05,
+            retry_loads_s=retry_loads_s,
         )
 
     def use(self, *payloads: ev.Payload) -> None:
@@ -222,6 +225,17 @@ async def test_a_version_that_fails_to_load_is_never_ready_nor_reported() -> Non
     await asyncio.sleep(0.05)
     assert h.loader.loads.count("2") == 1
     assert not h.manager.ready("fraud", "2")
+    await h.manager.stop()
+
+
+async def test_a_failed_load_is_tried_again_in_the_background_once_forgotten() -> None:
+    h = Harness(*BASE, ev.ShadowStarted("2"), broken={"2"}, retry_after_s=0.2, retry_loads_s=0.05)
+    failures = await h.manager.start(["fraud"])
+    assert list(failures) == [("fraud", "2")]
+    h.loader.broken.clear()  # e.g. the store's disk came back
+    await until(lambda: h.manager.ready("fraud", "2"))
+    assert h.loader.loads.count("2") == 2, "no table change and no request asked for it"
+    await until(lambda: ("2", "") in h.reported(ev.VersionLoaded))
     await h.manager.stop()
 
 
