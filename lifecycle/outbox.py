@@ -135,10 +135,13 @@ class OutboxRelay:
             if not await self._lock(conn, wait):
                 return 0
             cur = await conn.execute(_PENDING, (self._batch_size,))
-            batch = [row_to_event(row) for row in await cur.fetchall()]
+            pending = [row_to_event(row) for row in await cur.fetchall()]
+            if not pending:
+                return 0
+            batch, values = self._encoded(pending)
             if not batch:
                 return 0
-            await asyncio.to_thread(self._publish, producer, batch)
+            await asyncio.to_thread(self._publish, producer, batch, values)
             if self._after_publish is not None:
                 self._after_publish(batch)
             await conn.execute(
@@ -159,7 +162,33 @@ class OutboxRelay:
         await conn.execute(_WAIT_LOCK)
         return True
 
-    def _publish(self, producer: Producer, batch: list[RecordedEvent]) -> None:
+    def _encoded(self, pending: list[RecordedEvent]) -> tuple[list[RecordedEvent], list[bytes]]:
+        """The pending events that can be encoded, with their values. An event that cannot (its
+        schema is not registered yet, the registry is away) holds back its own model's later
+        events only, so that model's order is kept and every other model's events go out; it is
+        tried again on the next flush."""
+        held: set[str] = set()
+        batch: list[RecordedEvent] = []
+        values: list[bytes] = []
+        for event in pending:
+            if event.stream in held:
+                continue
+            try:
+                values.append(self._encode(event))
+            except Exception:
+                held.add(event.stream)
+                log.exception(
+                    "lifecycle event %s/%d (%s) cannot be encoded; %s's events wait for it",
+                    event.stream,
+                    event.sequence,
+                    event.type,
+                    event.stream,
+                )
+                continue
+            batch.append(event)
+        return batch, values
+
+    def _publish(self, producer: Producer, batch: list[RecordedEvent], values: list[bytes]) -> None:
         """Produce and wait for every acknowledgement (runs in a thread: both block)."""
         failures: list[str] = []
 
@@ -167,8 +196,7 @@ class OutboxRelay:
             if err is not None:
                 failures.append(f"{msg.key()!r}: {err}")
 
-        for event in batch:
-            value = self._encode(event)
+        for event, value in zip(batch, values, strict=True):
             while True:
                 try:
                     producer.produce(

@@ -101,7 +101,7 @@ async def unpublished(pool: Pool) -> list[int]:
 
 
 def relay(pool: Pool, kafka: KafkaSettings, topic: str, **kwargs: Any) -> OutboxRelay:
-    return OutboxRelay(pool, kafka, topic, encode_json, **kwargs)
+    return OutboxRelay(pool, kafka, topic, kwargs.pop("encode", encode_json), **kwargs)
 
 
 async def test_flush_publishes_in_order_keyed_by_model(
@@ -178,6 +178,32 @@ async def test_a_failed_delivery_is_never_marked_published(
         assert await unpublished(pg_pool) == [recorded[0].position]
     finally:
         await dead.close()
+
+
+async def test_an_event_that_cannot_be_encoded_holds_back_only_its_own_model(
+    pg_pool: Pool, kafka_settings: KafkaSettings, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("outbox-held")
+    store = EventStore(pg_pool)
+    for i in range(3):
+        for model in ("good", "bad"):
+            await store.append(model, [ev.NewEvent(registered(f"v{i}"))], expected_version=i)
+    broken = {("bad", 2)}
+
+    def encode(event: ev.RecordedEvent) -> bytes:
+        if (event.stream, event.sequence) in broken:
+            raise ValueError("no schema for this event yet")
+        return encode_json(event)
+
+    async with relay(pg_pool, kafka_settings, topic, encode=encode) as outbox:
+        assert await outbox.flush() == 4  # good 1-3 and bad 1; bad 2 and 3 wait
+        broken.clear()
+        assert await outbox.flush() == 2
+    events = await topic_events(kafka_settings, topic)
+    order = [(e.stream, e.sequence) for e in events]
+    assert [seq for stream, seq in order if stream == "bad"] == [1, 2, 3]
+    assert [seq for stream, seq in order if stream == "good"] == [1, 2, 3]
+    assert await unpublished(pg_pool) == []
 
 
 async def test_an_append_waits_for_a_stuck_publish_only_briefly(
