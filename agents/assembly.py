@@ -74,8 +74,15 @@ async def running_worker(
     worker_id = config.worker.worker_id
     async with AsyncExitStack() as stack:
         lifecycle = await stack.enter_async_context(
+            # Serving never needs PostgreSQL, so a worker starts without it; its load reports
+            # are retried until the event store answers.
             LifecycleLog.from_settings(
-                config.postgres, config.lifecycle, config.kafka, config.topics, config.registry
+                config.postgres,
+                config.lifecycle,
+                config.kafka,
+                config.topics,
+                config.registry,
+                require_store=False,
             )
         )
 

@@ -55,10 +55,12 @@ class LifecycleLog:
         *,
         owned_pool: AsyncConnectionPool[Any] | None = None,
         publish_wait_s: float = _PUBLISH_WAIT_S,
+        require_store: bool = True,
     ) -> None:
         self.store = store
         self.relay = relay
         self._owned_pool = owned_pool
+        self._require_store = require_store
         self._publish_wait = publish_wait_s
         self._publishing: set[asyncio.Task[int]] = set()
 
@@ -70,11 +72,15 @@ class LifecycleLog:
         kafka: KafkaSettings,
         topics: TopicSettings,
         registry: SchemaRegistrySettings,
+        *,
+        require_store: bool = True,
     ) -> LifecycleLog:
+        """`require_store=False` starts without waiting for PostgreSQL (appends fail as
+        unavailable until it answers): a worker serves without it and retries its reports."""
         pool = make_pool(pg, lc)
         codec = LifecycleCodec(SchemaRegistryClient(registry.client_config()), topics)
         relay = OutboxRelay(pool, kafka, topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s)
-        return cls(EventStore(pool), relay, owned_pool=pool)
+        return cls(EventStore(pool), relay, owned_pool=pool, require_store=require_store)
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -83,7 +89,9 @@ class LifecycleLog:
     async def start(self) -> None:
         """Open the pool (if owned) and the relay's producer. The relay loop is not started:
         that is the controller's job; appends publish their own events."""
-        if self._owned_pool is not None:
+        if self._owned_pool is not None and not self._require_store:
+            await self._owned_pool.open(wait=False)
+        elif self._owned_pool is not None:
             try:
                 await self._owned_pool.open(wait=True, timeout=_OPEN_TIMEOUT_S)
             except Exception as exc:

@@ -310,6 +310,26 @@ async def running(
         yield worker
 
 
+async def test_a_worker_serves_while_postgres_is_unreachable(
+    stack: Stack, models: ModelSettings
+) -> None:
+    publish(stack, [request("no-db", "k")])
+    results = Reader(stack, stack.topics.results)
+    dead = stack.pg.model_copy(update={"port": free_port()})
+    config = WorkerConfig(
+        worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0),
+        kafka=stack.kafka,
+        topics=stack.topics,
+        models=models,
+        registry=stack.registry,
+        postgres=dead,
+    )
+    async with running_worker(config):
+        [result] = await in_thread(results.until, 1)
+    assert (result["request_id"], result["status"], result["model_version"]) == ("no-db", "OK", "1")
+    results.close()
+
+
 async def in_thread(fn: Any, *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
