@@ -141,9 +141,29 @@ def _http_attempt(model: str, base: str, rate: float) -> LoadResult:
     )
 
 
+def _wait_group_settled(group: str, members: int, timeout_s: float = 60.0) -> None:
+    """Until the workers' group is stable with every member holding partitions: measuring
+    during the cooperative rebalance of workers that just joined times the rebalance (partitions
+    revoked from one worker reach the other a heartbeat later), not the pipeline."""
+    from confluent_kafka import ConsumerGroupState
+
+    from tidegate.kafka import make_admin
+    from tidegate.settings import KafkaSettings
+
+    admin = make_admin(KafkaSettings())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        owners = [m for m in found.members if m.assignment.topic_partitions]
+        if found.state == ConsumerGroupState.STABLE and len(owners) == members:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"consumer group {group} did not settle with {members} members")
+
+
 def run() -> None:
     from tidegate.procs import spawn, stop_recorded, wait_http
-    from tidegate.settings import GatewaySettings
+    from tidegate.settings import GatewaySettings, WorkerSettings
 
     print("\npipeline: model limit")
     limits = {m: model_limit(m) for m in ("fraud", "minilm")}
@@ -173,6 +193,7 @@ def run() -> None:
         for child, port in zip(children[:2], (9111, 9112), strict=True):
             wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
         wait_http(f"{base}/v2/health/ready", children[2], 120)
+        _wait_group_settled(WorkerSettings().group_id, members=2)
         sustained: dict[str, float] = {}
         load = KafkaLoad()
         load.start(lambda i: fraud_record(i, unique("warm")))

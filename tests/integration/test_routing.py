@@ -18,8 +18,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from lifecycle import events as ev
 from lifecycle.codec import ShadowComparisonCodec
 from lifecycle.routing import RoutingTable
-from tests.integration import test_worker
-from tests.integration.test_worker import (
+from tests.integration import workers
+from tests.integration.workers import (
     Reader,
     Stack,
     eventually,
@@ -34,8 +34,8 @@ from tidegate.kafka import make_consumer
 from tidegate.settings import ModelSettings
 
 # The worker tests' fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
-models = test_worker.models
-stack = test_worker.stack
+models = workers.models
+stack = workers.stack
 
 N = 600
 TOLERANCE = 0.06  # the share of 600 sticky hashes stays well within 6 points of the weight

@@ -12,302 +12,43 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import pytest
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka import TopicPartition
 
-from agents.assembly import RunningWorker, WorkerConfig, running_worker
-from agents.loaded import LoadedModel, ModelLoader
-from agents.manifest import Manifest
+from agents.assembly import WorkerConfig, running_worker
+from agents.loaded import LoadedModel
 from agents.runtime.base import Arrays, ModelRuntime
-from agents.signature import Signature, TensorSpec
-from agents.store import LocalArtifactStore
 from lifecycle import events as ev
-from lifecycle.events import NewEvent
-from lifecycle.log import LifecycleLog
-from schemas import (
-    DEAD_LETTER_ENVELOPE,
-    INFERENCE_REQUEST,
-    INFERENCE_RESULT,
-    AvroDecoder,
-    AvroEncoder,
-    load_schema,
+from tests.integration import workers
+from tests.integration.workers import (
+    ROOT,
+    SIGNATURE,
+    Reader,
+    Stack,
+    eventually,
+    in_thread,
+    publish,
+    request,
+    running,
 )
-from schemas.catalog import topic_subjects
-from schemas.registration import RegistryHttp, register_all
 from tests.support import free_port, unique, wait_for
 from tidegate.errors import ModelExecutionError
-from tidegate.kafka import make_consumer, make_producer
+from tidegate.kafka import make_consumer
 from tidegate.settings import (
-    KafkaSettings,
-    LifecycleSettings,
     ModelSettings,
-    PostgresSettings,
-    SchemaRegistrySettings,
-    TopicSettings,
     WorkerSettings,
 )
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[2]
-SIGNATURE = Signature(
-    inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),
-    outputs=(TensorSpec(name="probabilities", datatype="FP32", shape=(-1, 2)),),
-)
-
-
-TINY_WEIGHTS = {
-    "1": [[1, -1], [0.5, 0], [0, 0.5], [-1, 1]],
-    "2": [[1, -1], [0, 0.5], [0.5, 0], [-1, 1.5]],  # agrees with 1 on most rows, not all
-}
-
-
-def build_tiny_model(store_dir: Path) -> ModelSettings:
-    """Put `tiny` versions 1 and 2 (softmax(x @ W), two W) into a fresh store."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    settings = ModelSettings(store_dir=store_dir / "store")
-    for version, weights in TINY_WEIGHTS.items():
-        graph = helper.make_graph(
-            [
-                helper.make_node("MatMul", ["features", "W"], ["logits"]),
-                helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
-            ],
-            "tiny",
-            [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])],
-            [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])],
-            [numpy_helper.from_array(np.array(weights, dtype=np.float32), "W")],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 9
-        source = store_dir / f"source-{version}"
-        source.mkdir(parents=True)
-        onnx.save(model, str(source / "model.onnx"))
-        manifest = Manifest(
-            name="tiny",
-            version=version,
-            runtime="onnx",
-            entrypoint="model.onnx",
-            files={"model.onnx": ""},
-            signature=SIGNATURE,
-            task="classifier",
-        )
-        asyncio.run(LocalArtifactStore(settings).put(source, manifest))
-    return settings
-
-
-def tiny_softmax(version: str, features: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
-    """What `tiny` `version` computes, directly."""
-    logits = features.astype(np.float64) @ np.array(TINY_WEIGHTS[version], dtype=np.float64)
-    exp = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probabilities: npt.NDArray[np.float64] = exp / exp.sum(axis=1, keepdims=True)
-    return probabilities
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
-    return build_tiny_model(tmp_path_factory.mktemp("models"))
-
-
-def registered(models: ModelSettings, *versions: str) -> list[ev.Payload]:
-    """ModelRegistered and ArtifactValidated of each stored version of `tiny`."""
-    store = LocalArtifactStore(models)
-    out: list[ev.Payload] = []
-    for version in versions:
-        files = asyncio.run(store.manifest("tiny", version)).files
-        uri = f"file://{store.package_dir('tiny', version)}"
-        out += [
-            ev.ModelRegistered(version, "onnx", uri, dict(files)),
-            ev.ArtifactValidated(version),
-        ]
-    return out
-
-
-@dataclass
-class Stack:
-    kafka: KafkaSettings
-    topics: TopicSettings
-    registry: SchemaRegistrySettings
-    pg: PostgresSettings
-    group: str
-    encoder: AvroEncoder
-    results: AvroDecoder
-    letters: AvroDecoder
-
-    def env(self, models: ModelSettings, **extra: str) -> dict[str, str]:
-        return {
-            **os.environ,
-            "TIDEGATE_TOPICS_REQUESTS": self.topics.requests,
-            "TIDEGATE_TOPICS_RESULTS": self.topics.results,
-            "TIDEGATE_TOPICS_FAILED": self.topics.failed,
-            "TIDEGATE_TOPICS_POISON": self.topics.poison,
-            "TIDEGATE_TOPICS_LIFECYCLE": self.topics.lifecycle,
-            "TIDEGATE_TOPICS_SHADOW": self.topics.shadow,
-            "TIDEGATE_POSTGRES_DB_SCHEMA": self.pg.db_schema,
-            "TIDEGATE_WORKER_GROUP_ID": self.group,
-            "TIDEGATE_WORKER_METRICS_PORT": "0",
-            "TIDEGATE_MODELS_STORE_DIR": str(models.store_dir),
-            "PYTHONPATH": str(ROOT),
-            **extra,
-        }
-
-    def log(self) -> LifecycleLog:
-        return LifecycleLog.from_settings(
-            self.pg, LifecycleSettings(), self.kafka, self.topics, self.registry
-        )
-
-    async def append(self, *payloads: ev.Payload, model: str = "tiny") -> None:
-        """Append lifecycle events as an operator would (they reach the topic on return)."""
-        async with self.log() as log:
-            await log.append(
-                model, [NewEvent(p, actor="it") for p in payloads], expected_version=None
-            )
-
-    async def history(self, model: str = "tiny") -> list[ev.Payload]:
-        async with self.log() as log:
-            return [e.payload for e in await log.read(model)]
-
-
-@pytest.fixture
-def stack(
-    admin: AdminClient,
-    kafka_settings: KafkaSettings,
-    pg_settings: PostgresSettings,
-    models: ModelSettings,
-) -> Iterator[Stack]:
-    topics = TopicSettings(
-        requests=unique("w-requests"),
-        results=unique("w-results"),
-        replies=unique("w-replies"),
-        failed=unique("w-failed"),
-        poison=unique("w-poison"),
-        lifecycle=unique("w-lifecycle"),
-        shadow=unique("w-shadow"),
-    )
-    names = [
-        topics.requests,
-        topics.results,
-        topics.replies,
-        topics.failed,
-        topics.poison,
-        topics.lifecycle,
-        topics.shadow,
-    ]
-    new = [NewTopic(n, num_partitions=4, replication_factor=1) for n in names]
-    for future in admin.create_topics(new).values():
-        future.result(timeout=30)
-    registry = SchemaRegistrySettings()
-    with RegistryHttp(registry) as http:
-        list(register_all(http, topic_subjects(topics)))
-    client = SchemaRegistryClient(registry.client_config())
-    built = Stack(
-        kafka_settings,
-        topics,
-        registry,
-        pg_settings,
-        unique("w-group"),
-        AvroEncoder(client, load_schema(INFERENCE_REQUEST)),
-        AvroDecoder(client, load_schema(INFERENCE_RESULT)),
-        AvroDecoder(client, load_schema(DEAD_LETTER_ENVELOPE)),
-    )
-    # tiny 1 serves; 2 is validated and takes no traffic until a test gives it some.
-    asyncio.run(built.append(*registered(models, "1", "2"), ev.Promoted("1")))
-    yield built
-    for future in admin.delete_topics(names).values():
-        future.result(timeout=30)
-
-
-def request(
-    rid: str, key: str, features: list[float] | None = None, **extra: Any
-) -> dict[str, Any]:
-    values = features if features is not None else [1.0, 2.0, 3.0, 4.0]
-    return {
-        "request_id": rid,
-        "model": "tiny",
-        "routing_key": key,
-        "inputs": [
-            {
-                "name": "features",
-                "datatype": "FP32",
-                "shape": [1, 4],
-                "data": struct.pack("<4f", *values),
-                "parameters": {},
-            }
-        ],
-        "created_at": datetime.now(UTC),
-        **extra,
-    }
-
-
-def publish(stack: Stack, items: Sequence[dict[str, Any] | tuple[str, bytes]]) -> None:
-    """Requests are encoded; (key, bytes) pairs go out as they are."""
-    producer = make_producer(stack.kafka)
-    schema_id = stack.encoder.schema_id(f"{stack.topics.requests}-value")
-    for item in items:
-        if isinstance(item, tuple):
-            key, value = item
-        else:
-            key, value = item["routing_key"], stack.encoder.encode(item, schema_id)
-        producer.produce(stack.topics.requests, key=key, value=value)
-    assert producer.flush(30) == 0
-
-
-class Reader:
-    """Reads a topic from the beginning of every partition."""
-
-    def __init__(self, stack: Stack, topic: str) -> None:
-        self.consumer: Consumer = make_consumer(stack.kafka, unique("w-reader"))
-        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(4)])
-        self.records: list[tuple[Any, int]] = []
-        self._decode = (
-            stack.letters if topic in (stack.topics.failed, stack.topics.poison) else stack.results
-        )
-
-    def poll(self) -> list[tuple[Any, int]]:
-        for msg in self.consumer.consume(num_messages=500, timeout=0.2):
-            if not msg.error():
-                self.records.append((self._decode(msg.value()), msg.partition() or 0))
-        return self.records
-
-    def until(self, count: int, timeout: float = 60.0) -> list[Any]:
-        wait_for(lambda: len(self.poll()) >= count, timeout=timeout, what=f"{count} records")
-        return [r for r, _ in self.records]
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-@asynccontextmanager
-async def running(
-    stack: Stack, models: ModelSettings, loader: ModelLoader | None = None, **settings: Any
-) -> AsyncIterator[RunningWorker]:
-    """The worker as `tidegate worker` assembles it (with an optional fake model loader)."""
-    config = WorkerConfig(
-        worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0, **settings),
-        kafka=stack.kafka,
-        topics=stack.topics,
-        models=models,
-        registry=stack.registry,
-        postgres=stack.pg,
-    )
-    async with running_worker(config, loader=loader) as worker:
-        yield worker
+# The shared fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
+models = workers.models
+stack = workers.stack
 
 
 async def test_a_worker_serves_while_postgres_is_unreachable(
@@ -328,10 +69,6 @@ async def test_a_worker_serves_while_postgres_is_unreachable(
         [result] = await in_thread(results.until, 1)
     assert (result["request_id"], result["status"], result["model_version"]) == ("no-db", "OK", "1")
     results.close()
-
-
-async def in_thread(fn: Any, *args: Any) -> Any:
-    return await asyncio.to_thread(fn, *args)
 
 
 async def test_bad_input_never_blocks_its_partition(stack: Stack, models: ModelSettings) -> None:
@@ -369,19 +106,6 @@ async def test_bad_input_never_blocks_its_partition(stack: Stack, models: ModelS
     assert {e["source"]["topic"] for e in letters} == {stack.topics.requests}
     poison.close()
     results.close()
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], what: str, limit_s: float = 30.0
-) -> T:
-    """`wait_for` for async probes: poll on the event loop until `probe` gives something."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        found = await probe()
-        if found:
-            return found
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
 
 
 def reports(history: list[ev.Payload]) -> list[tuple[str, str, str]]:
