@@ -116,7 +116,15 @@ def decide(
         reason = f"candidate {canary.version} is {status}, it cannot take traffic"
         return [RolledBack(canary.version, reason=reason, to_version=canary.baseline)]
     if canary.step < 0 or canary.step_at is None:
-        return [_shift(canary, 0)] if candidate.ready else []
+        if candidate.ready:
+            return [_shift(canary, 0)]
+        waited = (now - canary.started_at).total_seconds()
+        if waited > settings.canary_warm_timeout_s:
+            # Never warmed (every worker fails to load it, or none runs): the canary would
+            # otherwise wait forever and block any other rollout of the model.
+            reason = f"no worker warmed candidate {canary.version} in {waited:.0f} s"
+            return [RolledBack(canary.version, reason=reason, to_version=canary.baseline)]
+        return []
 
     limits = Thresholds.of(canary, settings)
     cand = stats(state.model, canary.version, canary.step_at)

@@ -84,9 +84,16 @@ class RoutingTable:
                 return Decision(requested, EXPLICIT)
             why = "is retired or failed validation" if requested in self.known else "is unknown"
             raise ModelNotFoundError(f"model {self.model!r} version {requested!r} {why}")
-        for kind in ("pin", "experiment"):
+        # A tenant's own pin, then a pin for everyone, then the tenant's experiment, then an
+        # experiment for everyone: the more specific rule wins whatever the rule ids.
+        for kind, scope in (
+            ("pin", tenant),
+            ("pin", None),
+            ("experiment", tenant),
+            ("experiment", None),
+        ):
             for rule in self.rules:
-                if rule.kind != kind or rule.tenant not in (None, tenant):
+                if rule.kind != kind or rule.tenant != scope:
                     continue
                 if rule.version is not None and rule.version in self.servable:
                     return Decision(rule.version, f"pin:{rule.rule_id}")

@@ -350,6 +350,11 @@ class LifecycleSettings(BaseSettings):
         description="Error rates are judged by the lower bound of their Wilson interval at this "
         "z (1.645: one-sided 95%), so a handful of errors in a small sample does not roll back.",
     )
+    canary_warm_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Roll a canary back when no worker has warmed its candidate in this time.",
+    )
     canary_min_latency_samples: int = Field(
         100, ge=1, description="Results each side needs before the p99 ratio is judged."
     )

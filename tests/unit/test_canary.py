@@ -88,12 +88,24 @@ def test_waits_for_the_candidate_to_warm_then_takes_the_first_step(windows: Live
     state = fold("fraud", recorded(base_history()))
     assert state.canary is not None
     assert state.canary.step == -1
-    assert decide(state, windows.stats, at(1000), SETTINGS) == []
+    assert decide(state, windows.stats, at(500), SETTINGS) == []
 
     warm = fold("fraud", recorded([*base_history(), (11, ev.VersionLoaded("v2", "w1"))]))
     assert decide(warm, windows.stats, at(12), SETTINGS) == [
         ev.TrafficShifted({"v2": 10, "v1": 90}, reason="canary step 1/3")
     ]
+
+
+def test_a_candidate_no_worker_warms_is_rolled_back_after_the_warm_timeout(
+    windows: LiveWindows,
+) -> None:
+    state = fold("fraud", recorded(base_history()))
+    limit = SETTINGS.canary_warm_timeout_s
+    assert decide(state, windows.stats, at(10 + limit), SETTINGS) == []
+    [rollback] = decide(state, windows.stats, at(11 + limit), SETTINGS)
+    assert isinstance(rollback, ev.RolledBack)
+    assert rollback.to_version == "v1"
+    assert "no worker warmed" in rollback.reason
 
 
 def test_steps_in_order_after_each_dwell_then_promotes(windows: LiveWindows) -> None:

@@ -108,3 +108,20 @@ def test_an_experiment_arm_that_is_not_warm_here_gets_no_requests() -> None:
     assert {d.version for d in decisions} == {"1"}
     cold_everywhere = [table.route(tenant="beta", key="k", ready=lambda v: False)]
     assert cold_everywhere[0].rule.startswith("split@"), "no warm arm: the split decides"
+
+
+def test_a_tenants_own_rule_wins_over_a_rule_for_everyone() -> None:
+    table = _table(
+        ev.RoutingRuleSet("a-everyone", version="2"),
+        ev.RoutingRuleSet("z-acme", tenant="acme", version="3"),
+        ev.RoutingRuleSet("b-exp-all", weights={"1": 100}),
+        ev.RoutingRuleSet("y-exp-beta", tenant="beta", weights={"2": 100}),
+    )
+    assert table.route(tenant="acme", key="k").rule == "pin:z-acme"
+    assert table.route(tenant="other", key="k").rule == "pin:a-everyone"
+    only_experiments = _table(
+        ev.RoutingRuleSet("b-exp-all", weights={"1": 100}),
+        ev.RoutingRuleSet("y-exp-beta", tenant="beta", weights={"2": 100}),
+    )
+    assert only_experiments.route(tenant="beta", key="k").rule == "experiment:y-exp-beta"
+    assert only_experiments.route(tenant="gamma", key="k").rule == "experiment:b-exp-all"
