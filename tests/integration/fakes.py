@@ -14,7 +14,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder, load_schema
 from schemas.registration import RegistryHttp, register_all
 from tests.support import unique
-from tests.unit.test_gateway_app import compute
+from tests.unit.gateway_harness import compute
 from tidegate.kafka import make_consumer, make_producer
 from tidegate.producer import request_key
 from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings

@@ -29,7 +29,7 @@ from lifecycle.store import EventStore
 from schemas import MODEL_LIFECYCLE_EVENT
 from schemas.registration import RegistryHttp, register_all
 from tests.support import free_port
-from tests.unit.test_gateway_app import Harness
+from tests.unit.gateway_harness import Harness
 from tidegate.settings import (
     KafkaSettings,
     LifecycleSettings,

@@ -37,7 +37,7 @@ from schemas import MODEL_LIFECYCLE_EVENT
 from schemas.registration import RegistryHttp, register_all
 from tests.integration.fakes import FakeWorker, register_subjects
 from tests.support import unique, wait_for
-from tests.unit.test_gateway_app import ECHO, FRAUD, manifest
+from tests.unit.gateway_harness import ECHO, FRAUD, manifest
 from tidegate.settings import (
     GatewaySettings,
     KafkaSettings,

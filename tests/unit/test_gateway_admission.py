@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 from gateway.admission import Admission
 from gateway.publisher import KafkaPublisher
 from gateway.replies import ReplyRouter
-from tests.unit.test_gateway_app import MemoryStore
+from tests.unit.gateway_harness import MemoryStore
 from tidegate.errors import OverloadedError
 from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 

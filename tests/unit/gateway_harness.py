@@ -1,0 +1,280 @@
+"""The gateway unit tests' harness: the gateway app with Kafka and Redis replaced by in-memory
+fakes behind its own interfaces (`RequestPublisher`, `ReplyFeed`, `ResultStore`, `ManifestSource`).
+The fake publisher plays the worker and answers each request through the fake feed, or holds the
+answer back until the test releases it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from agents.manifest import Manifest
+from agents.signature import Signature, TensorSpec
+from agents.tensors import from_numpy, to_numpy
+from gateway.app import create_app
+from gateway.models import ModelCatalog
+from gateway.publisher import RequestPublisher
+from gateway.replies import Deliver, ReplyFeed
+from gateway.results import ResultStore, StoredRequest
+from gateway.services import GatewayConfig, GatewayServices
+from lifecycle import events as ev
+from lifecycle.state import ModelState
+from schemas import INFERENCE_RESULT, load_schema
+from tests.support import wait_for
+from tests.unit.test_service import lifecycle_state, registered
+from tidegate.errors import ModelNotFoundError
+from tidegate.producer import PublishError
+from tidegate.settings import GatewaySettings, ModelSettings
+
+RESULT_SCHEMA = load_schema(INFERENCE_RESULT).parsed
+FRAUD = Signature(
+    inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),
+    outputs=(TensorSpec(name="probabilities", datatype="FP32", shape=(-1, 2)),),
+)
+ECHO = Signature(
+    inputs=(TensorSpec(name="text", datatype="BYTES", shape=(-1,)),),
+    outputs=(TensorSpec(name="echo", datatype="BYTES", shape=(-1,)),),
+)
+
+
+def manifest(name: str, version: str, signature: Signature, runtime: str = "onnx") -> Manifest:
+    return Manifest.model_validate(
+        {
+            "name": name,
+            "version": version,
+            "runtime": runtime,
+            "entrypoint": "model.bin",
+            "files": {"model.bin": "0" * 64},
+            "signature": signature,
+        }
+    )
+
+
+class MemorySource:
+    def __init__(self, *manifests: Manifest) -> None:
+        self._by_key = {(m.name, m.version): m for m in manifests}
+
+    async def manifest(self, name: str, version: str) -> Manifest:
+        found = self._by_key.get((name, version))
+        if found is None:
+            raise ModelNotFoundError(f"no model {name!r} version {version!r}")
+        return found
+
+    async def versions(self, name: str) -> list[str]:
+        return sorted(v for n, v in self._by_key if n == name)
+
+
+def encode_result(result: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, RESULT_SCHEMA, result)
+    return buf.getvalue()
+
+
+def decode_result(raw: bytes) -> dict[str, Any]:
+    decoded = fastavro.schemaless_reader(io.BytesIO(raw), RESULT_SCHEMA, None)
+    assert isinstance(decoded, dict)
+    return decoded
+
+
+def make_result(
+    record: dict[str, Any],
+    status: str = "OK",
+    outputs: list[dict[str, Any]] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "request_id": record["request_id"],
+        "model": record["model"],
+        "model_version": record["model_version"] or "1",
+        "status": status,
+        "outputs": outputs or [],
+        "error": error,
+        "timings": {"queue_ms": 0.0, "batch_ms": 0.0, "compute_ms": 0.0, "total_ms": 0.0},
+        "batch_size": 1,
+        "worker_id": "fake",
+        "source": None,
+        "routing_rule": None,
+        "tenant": record["tenant"],
+        "routing_key": record["routing_key"],
+        "completed_at": datetime.now(UTC),
+    }
+
+
+def compute(record: dict[str, Any]) -> dict[str, Any]:
+    """What the fake worker answers: row sums and maxima for fraud, upper case for echo."""
+    (tensor,) = record["inputs"]
+    array = to_numpy(tensor)
+    if record["model"] == "echo":
+        out = from_numpy("echo", np.array([v.upper() for v in array], dtype=object))
+    else:
+        out = from_numpy("probabilities", np.stack([array.sum(1), array.max(1)], axis=1))
+    return make_result(record, outputs=[out])
+
+
+class FakeFeed(ReplyFeed):
+    def __init__(self) -> None:
+        self.deliver: Deliver | None = None
+        self.assigned = True
+
+    async def start(self, deliver: Deliver) -> None:
+        self.deliver = deliver
+
+    async def stop(self) -> None:
+        self.deliver = None
+
+    def reply_to(self) -> dict[str, Any] | None:
+        return {"topic": "replies", "partition": 3} if self.assigned else None
+
+
+class FakeWorker(RequestPublisher):
+    """Publishing hands the request to a fake worker that replies through the feed."""
+
+    def __init__(self, feed: FakeFeed) -> None:
+        self.feed = feed
+        self.published: list[dict[str, Any]] = []
+        self.answer: Callable[[dict[str, Any]], dict[str, Any]] = compute
+        self.hold = False
+        self.fail = False
+        self.held: dict[str, dict[str, Any]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.is_connected = True
+
+    @property
+    def connected(self) -> bool:
+        return self.is_connected
+
+    async def publish(self, record: dict[str, Any]) -> None:
+        if self.fail:
+            raise PublishError("all brokers are down")
+        self.loop = asyncio.get_running_loop()
+        self.published.append(record)
+        result = self.answer(record)
+        if self.hold:
+            self.held[record["request_id"]] = result
+        else:
+            self.loop.call_soon(self._deliver, result)
+
+    def _deliver(self, result: dict[str, Any]) -> None:
+        assert self.feed.deliver is not None
+        self.feed.deliver(result, encode_result(result))
+
+    def release(self, request_id: str) -> None:
+        """Answer a held request, from the test's thread."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._deliver, self.held.pop(request_id))
+
+
+class MemoryStore(ResultStore):
+    def __init__(self) -> None:
+        self.requests: dict[str, StoredRequest] = {}
+
+    async def save(
+        self, request_id: str, *, meta: dict[str, Any] | None = None, result: bytes | None = None
+    ) -> None:
+        old = self.requests.get(request_id, StoredRequest(None, None))
+        self.requests[request_id] = StoredRequest(
+            meta if meta is not None else old.meta, result if result is not None else old.result
+        )
+
+    async def get(self, request_id: str) -> StoredRequest | None:
+        return self.requests.get(request_id)
+
+    async def discard(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+
+class MemoryLifecycle:
+    """The model states a `LifecycleFeed` would have folded, set by the test."""
+
+    def __init__(self, *states: ModelState) -> None:
+        self.states = {state.model: state for state in states}
+
+    def state(self, model: str) -> ModelState | None:
+        return self.states.get(model)
+
+    async def caught_up(self, timeout_s: float) -> None:
+        """Always caught up."""
+
+
+def served_models() -> MemoryLifecycle:
+    """fraud 1 (primary) and 2, echo 1 (primary): validated and warm on some worker."""
+    return MemoryLifecycle(
+        lifecycle_state("fraud", *registered("1", "2"), ev.Promoted("1")),
+        lifecycle_state("echo", *registered("1"), ev.Promoted("1")),
+    )
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, **gateway: Any) -> None:
+        self.lifecycle = served_models()
+        self.feed = FakeFeed()
+        self.worker = FakeWorker(self.feed)
+        self.store = MemoryStore()
+        source = MemorySource(
+            manifest("fraud", "1", FRAUD),
+            manifest("fraud", "2", FRAUD, runtime="torch"),
+            manifest("echo", "1", ECHO),
+        )
+        self.services = GatewayServices(
+            catalog=ModelCatalog(source, self.lifecycle),
+            publisher=self.worker,
+            feed=self.feed,
+            store=self.store,
+            decode_result=decode_result,
+        )
+        settings = {"default_timeout_s": 5.0, "max_body_bytes": 4096, **gateway}
+        self.config = GatewayConfig(
+            gateway=GatewaySettings(**settings),
+            models=ModelSettings(store_dir=tmp_path),
+        )
+
+    def client(self) -> TestClient:
+        return TestClient(create_app(self.config, lambda _config: self.services))
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+@pytest.fixture
+def client(harness: Harness) -> Iterator[TestClient]:
+    with harness.client() as test_client:
+        yield test_client
+
+
+def features(rows: int = 2, **extra: Any) -> dict[str, Any]:
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()
+    return {
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
+        **extra,
+    }
+
+
+def problem_of(resp: Any, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    body: dict[str, Any] = resp.json()
+    assert {"type", "title", "status", "detail", "instance"} <= set(body)
+    assert body["status"] == status
+    return body
+
+
+def fetched(client: TestClient, request_id: str) -> httpx.Response:
+    """The response of GET /v2/requests/{id} once it is no longer pending."""
+
+    def probe() -> httpx.Response | None:
+        resp = client.get(f"/v2/requests/{request_id}")
+        return resp if resp.status_code != 202 else None
+
+    return wait_for(probe, timeout=5, what=f"the result of {request_id}")
