@@ -38,7 +38,26 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLI = timedelta(milliseconds=1)
 
 
-class LifecycleCodec:
+class _TopicCodec:
+    """One topic's value schema: the encoder, the decoder and the serialization context."""
+
+    def __init__(
+        self,
+        client: SchemaRegistryClient,
+        topic: str,
+        fullname: str,
+        *,
+        auto_register: bool,
+        return_record_name: bool = False,
+    ) -> None:
+        schema = load_schema(fullname)
+        self.topic = topic
+        self._ctx = SerializationContext(topic, MessageField.VALUE)
+        self._encoder = AvroEncoder(client, schema, auto_register=auto_register)
+        self._decoder = AvroDecoder(client, schema, return_record_name=return_record_name)
+
+
+class LifecycleCodec(_TopicCodec):
     """Encodes `RecordedEvent`s for the lifecycle topic and decodes them back.
 
     The envelope must be registered under `{topics.lifecycle}-value` (`tidegate schemas
@@ -52,11 +71,15 @@ class LifecycleCodec:
         *,
         auto_register: bool = False,
     ) -> None:
-        schema = load_schema(MODEL_LIFECYCLE_EVENT)
-        self.topic = topics.lifecycle
-        self._ctx = SerializationContext(topics.lifecycle, MessageField.VALUE)
-        self._encoder = AvroEncoder(client, schema, auto_register=auto_register)
-        self._decoder = AvroDecoder(client, schema, return_record_name=True)
+        # The record name tells the payload's union branch apart (Retired and
+        # ArtifactValidated have the same required fields).
+        super().__init__(
+            client,
+            topics.lifecycle,
+            MODEL_LIFECYCLE_EVENT,
+            auto_register=auto_register,
+            return_record_name=True,
+        )
 
     def encode(self, event: RecordedEvent) -> bytes:
         return self._encoder(event_to_record(event), self._ctx)
@@ -66,7 +89,7 @@ class LifecycleCodec:
         return record_to_event(self._decoder(data, self._ctx))
 
 
-class ShadowComparisonCodec:
+class ShadowComparisonCodec(_TopicCodec):
     """Encodes and decodes `ShadowComparison` records (dicts with the schema's fields; an aware
     datetime for `compared_at`) for the shadow topic, under `{topics.shadow}-value`."""
 
@@ -77,11 +100,7 @@ class ShadowComparisonCodec:
         *,
         auto_register: bool = False,
     ) -> None:
-        schema = load_schema(SHADOW_COMPARISON)
-        self.topic = topics.shadow
-        self._ctx = SerializationContext(topics.shadow, MessageField.VALUE)
-        self._encoder = AvroEncoder(client, schema, auto_register=auto_register)
-        self._decoder = AvroDecoder(client, schema)
+        super().__init__(client, topics.shadow, SHADOW_COMPARISON, auto_register=auto_register)
 
     def encode(self, comparison: Mapping[str, Any]) -> bytes:
         compared_at = comparison.get("compared_at")

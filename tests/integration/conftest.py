@@ -7,6 +7,7 @@ exercised.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,6 +27,8 @@ from tidegate.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -100,3 +103,33 @@ async def pg_pool(pg_settings: PostgresSettings) -> AsyncIterator[AsyncConnectio
     await pool.open(wait=True, timeout=30)
     yield pool
     await pool.close()
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fraud 1, 1-torch, 2 and 3 as package directories (what `tidegate models register` takes),
+    exported from the real store and built there first if needed."""
+    import asyncio
+
+    from agents.models import build_models
+    from agents.store import LocalArtifactStore
+    from tidegate.settings import ModelSettings
+
+    store = LocalArtifactStore(ModelSettings(store_dir=REPO / "var" / "models"))
+    root = tmp_path_factory.mktemp("packages")
+    asyncio.run(build_models(store, only=["fraud"], packages_dir=root))
+    return root
+
+
+@pytest.fixture
+def lifecycle_topic(
+    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
+) -> str:
+    """A lifecycle topic of the test's own, its envelope registered."""
+    from schemas import MODEL_LIFECYCLE_EVENT
+    from schemas.registration import RegistryHttp, register_all
+
+    topic = new_topic("lifecycle")
+    with RegistryHttp(registry_settings) as http:
+        list(register_all(http, {f"{topic}-value": MODEL_LIFECYCLE_EVENT}, events=False))
+    return topic

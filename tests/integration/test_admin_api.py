@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,7 +17,6 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from agents.models import build_models
 from agents.store import LocalArtifactStore
 from gateway.admin import install_admin, lifecycle_admin
 from gateway.app import create_app
@@ -26,8 +25,6 @@ from lifecycle import events as ev
 from lifecycle.commands import LifecycleCommands
 from lifecycle.log import LifecycleLog
 from lifecycle.store import EventStore
-from schemas import MODEL_LIFECYCLE_EVENT
-from schemas.registration import RegistryHttp, register_all
 from tests.support import free_port
 from tests.unit.gateway_harness import Harness
 from tidegate.settings import (
@@ -39,25 +36,10 @@ from tidegate.settings import (
     TopicSettings,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    store = LocalArtifactStore(ModelSettings(store_dir=REPO / "var" / "models"))
-    root = tmp_path_factory.mktemp("packages")
-    asyncio.run(build_models(store, only=["fraud"], packages_dir=root))
-    return root
-
 
 @pytest.fixture
-def topics(
-    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
-) -> TopicSettings:
-    topic = new_topic("h5-admin-lifecycle")
-    with RegistryHttp(registry_settings) as http:
-        list(register_all(http, {f"{topic}-value": MODEL_LIFECYCLE_EVENT}, events=False))
-    return TopicSettings(lifecycle=topic)
+def topics(lifecycle_topic: str) -> TopicSettings:
+    return TopicSettings(lifecycle=lifecycle_topic)
 
 
 @asynccontextmanager

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from typer.testing import CliRunner, Result
 
-from agents.models import build_models
 from agents.store import LocalArtifactStore
 from lifecycle import events as ev
 from lifecycle.codec import LifecycleCodec
@@ -34,8 +32,6 @@ from lifecycle.commands import LifecycleCommands
 from lifecycle.register import import_package, read_package
 from lifecycle.state import ModelState
 from lifecycle.store import EventStore
-from schemas import MODEL_LIFECYCLE_EVENT
-from schemas.registration import RegistryHttp, register_all
 from tests.support import unique, wait_for
 from tidegate.cli import models, served
 from tidegate.db import make_pool
@@ -56,25 +52,6 @@ REPO = Path(__file__).resolve().parents[2]
 app = typer.Typer()
 app.add_typer(models.app, name="models")
 app.command("served")(served.served)
-
-
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """fraud 1, 1-torch, 2 and 3 as package directories, from the real store (built if needed)."""
-    store = LocalArtifactStore(ModelSettings(store_dir=REPO / "var" / "models"))
-    root = tmp_path_factory.mktemp("packages")
-    asyncio.run(build_models(store, only=["fraud"], packages_dir=root))
-    return root
-
-
-@pytest.fixture
-def lifecycle_topic(
-    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
-) -> str:
-    topic = new_topic("h5-lifecycle")
-    with RegistryHttp(registry_settings) as http:
-        list(register_all(http, {f"{topic}-value": MODEL_LIFECYCLE_EVENT}, events=False))
-    return topic
 
 
 @pytest.fixture
