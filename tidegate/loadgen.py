@@ -45,6 +45,23 @@ class LoadResult:
     def p(self, q: float) -> float:
         return percentile(self.latencies, q) * 1000
 
+    @classmethod
+    def merged(cls, label: str, parts: list[LoadResult]) -> LoadResult:
+        """One result for runs that belong together (e.g. the chunks of a canary's traffic)."""
+        out = cls(label)
+        for part in parts:
+            out.sent += part.sent
+            out.ok += part.ok
+            out.errors += part.errors
+            out.lost += part.lost
+            out.elapsed_s += part.elapsed_s
+            out.latencies.extend(part.latencies)
+            out.batch_sizes.extend(part.batch_sizes)
+            out.records.extend(part.records)
+            for status, n in part.statuses.items():
+                out.statuses[status] = out.statuses.get(status, 0) + n
+        return out
+
     @property
     def mean_batch(self) -> float:
         return sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0

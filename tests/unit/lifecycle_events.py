@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from lifecycle import events as ev
@@ -18,28 +18,38 @@ def at(seconds: float) -> datetime:
 
 
 def recorded(
-    model: str, payloads: Iterable[ev.Payload], *, start: int = 1
+    model: str,
+    payloads: Iterable[ev.Payload],
+    *,
+    start: int = 1,
+    times: Sequence[float] | None = None,
 ) -> list[ev.RecordedEvent]:
-    """One event per payload, sequence from `start`, a second apart."""
+    """One event per payload, sequence from `start`; at `times` (seconds after T0) when given,
+    else a second apart."""
+    items = list(payloads)
+    seconds = list(times) if times is not None else range(start, start + len(items))
     return [
         ev.RecordedEvent(
             event_id=uuid.uuid4(),
             stream=model,
             sequence=seq,
             position=seq,
-            occurred_at=at(seq),
+            occurred_at=at(t),
             payload=payload,
             actor="test",
         )
-        for seq, payload in enumerate(payloads, start=start)
+        for seq, t, payload in zip(range(start, start + len(items)), seconds, items, strict=True)
     ]
 
 
-def registered_and_validated(*versions: str) -> list[ev.Payload]:
+def registered_and_validated(*versions: str, loaded_on: str | None = None) -> list[ev.Payload]:
+    """Register and validate each version; with `loaded_on`, also report it warm on that worker."""
     out: list[ev.Payload] = []
     for version in versions:
         out.append(
             ev.ModelRegistered(version, "onnx", f"store://m/{version}", {"model.onnx": "0" * 64})
         )
         out.append(ev.ArtifactValidated(version))
+        if loaded_on:
+            out.append(ev.VersionLoaded(version, loaded_on))
     return out

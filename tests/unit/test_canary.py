@@ -12,10 +12,11 @@ from lifecycle import events as ev
 from lifecycle.controller import CanaryController, Thresholds, decide, wilson_lower
 from lifecycle.state import ModelState, fold
 from lifecycle.windows import LiveWindows, ResultSample, WindowStats, is_error, percentile
+from tests.unit.lifecycle_events import at
+from tests.unit.lifecycle_events import recorded as events_at
 from tidegate.errors import ConcurrencyConflictError
 from tidegate.settings import LifecycleSettings
 
-T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 SETTINGS = LifecycleSettings(
     canary_max_error_rate=0.05,
     canary_max_error_rate_increase=0.02,
@@ -24,17 +25,10 @@ SETTINGS = LifecycleSettings(
 )
 
 
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
 def recorded(
     items: Sequence[tuple[float, ev.Payload]], model: str = "fraud"
 ) -> list[ev.RecordedEvent]:
-    return [
-        ev.RecordedEvent(uuid.uuid4(), model, seq, seq, at(t), payload)
-        for seq, (t, payload) in enumerate(items, start=1)
-    ]
+    return events_at(model, [p for _, p in items], times=[t for t, _ in items])
 
 
 def base_history(

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -30,6 +28,7 @@ from agents.versions import VersionManager
 from lifecycle import events as ev
 from lifecycle.routing import EXPLICIT, RoutingTable
 from lifecycle.state import ModelState, fold
+from tests.unit.lifecycle_events import recorded, registered_and_validated
 from tidegate.errors import (
     InvalidInputError,
     ModelExecutionError,
@@ -70,24 +69,9 @@ class FakeRuntime(ModelRuntime):
         return {"probabilities": probabilities.astype(np.float32), "score": total}
 
 
-def recorded(model: str, payloads: list[ev.Payload]) -> list[ev.RecordedEvent]:
-    """The events as the store would number them (sequences from 1)."""
-    now = datetime.now(UTC)
-    return [
-        ev.RecordedEvent(uuid.uuid4(), model, seq, seq, now, payload)
-        for seq, payload in enumerate(payloads, start=1)
-    ]
-
-
 def registered(*versions: str, loaded_on: str | None = "w-other") -> list[ev.Payload]:
     """Register and validate each version; report it warm on another worker."""
-    out: list[ev.Payload] = []
-    for version in versions:
-        out.append(ev.ModelRegistered(version, "onnx", f"store://fraud/{version}", {}))
-        out.append(ev.ArtifactValidated(version))
-        if loaded_on:
-            out.append(ev.VersionLoaded(version, loaded_on))
-    return out
+    return registered_and_validated(*versions, loaded_on=loaded_on)
 
 
 def lifecycle_state(model: str, *payloads: ev.Payload) -> ModelState:

@@ -171,7 +171,7 @@ def demo(
                 child.stop()
 
     if canary:
-        results.append(_merged("Kafka fraud-canary", canary))
+        results.append(LoadResult.merged("Kafka fraud-canary", canary))
     table = Table(title="tidegate demo: 2 workers, 1 gateway, 1 controller, CPU")
     for col in ("path", "model", "sent", "ok", "errors", "lost", "req/s", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right" if col not in ("path", "model") else "left")
@@ -193,23 +193,6 @@ def demo(
             if r.errors or r.lost:
                 console.print(f"[red]{r.label}[/red]: {r.statuses}, lost {r.lost}")
         raise typer.Exit(1)
-
-
-def _merged(label: str, parts: list[Any]) -> Any:
-    from tidegate.loadgen import LoadResult
-
-    merged = LoadResult(label)
-    for part in parts:
-        merged.sent += part.sent
-        merged.ok += part.ok
-        merged.errors += part.errors
-        merged.lost += part.lost
-        merged.elapsed_s += part.elapsed_s
-        merged.latencies.extend(part.latencies)
-        merged.batch_sizes.extend(part.batch_sizes)
-        for status, n in part.statuses.items():
-            merged.statuses[status] = merged.statuses.get(status, 0) + n
-    return merged
 
 
 def demo_stop() -> None:
