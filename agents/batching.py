@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from tidegate.errors import ModelExecutionError, ModelUnavailableError
+from tidegate.tasks import cancel_and_wait
 
 __all__ = [
     "BatchObserver",
@@ -106,8 +107,7 @@ class BatchQueue(Generic[T, R]):
         (running or still queued) fails with `QueueClosedError`."""
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
         self._fail(self._items, QueueClosedError("the batch queue stopped"))
         self._items.clear()

@@ -27,6 +27,7 @@ from agents.results import FAILED_STATUSES, error_result
 from agents.tasks import InferenceTask
 from dlq.envelopes import dead_letter, error_info, source_position
 from tidegate.errors import ModelExecutionError, SerializationError, TidegateError
+from tidegate.tasks import cancel_and_wait
 from tidegate.telemetry import get_logger
 
 __all__ = ["PartitionPipeline"]
@@ -97,8 +98,7 @@ class PartitionPipeline:
 
     async def close(self) -> None:
         """Stop; what is not delivered yet is abandoned (and never committed)."""
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait([self._task])
         await self._batcher.drop(self.partition)
         for slot in self._slots:
             if slot.future.done() and not slot.future.cancelled():

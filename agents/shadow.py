@@ -27,6 +27,7 @@ from agents import metrics
 from agents.compare import Kind, compare, compared_outputs
 from agents.loaded import LoadedModel
 from tidegate.errors import InvalidInputError, ModelExecutionError, RetriableError
+from tidegate.tasks import cancel_and_wait
 from tidegate.telemetry import get_logger
 
 __all__ = ["CandidateSource", "Publish", "ShadowJob", "ShadowRequest", "ShadowRunner"]
@@ -109,10 +110,7 @@ class ShadowRunner:
 
     async def stop(self) -> None:
         """Abandon the running comparisons (they are samples; none is owed to anyone)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
 
     async def _run(self, job: ShadowJob) -> None:
         # The first step of this task was scheduled before the results it follows were handed

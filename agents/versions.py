@@ -29,6 +29,7 @@ from lifecycle.events import NewEvent, Payload, VersionLoaded, VersionUnloaded
 from lifecycle.routing import RoutingTable
 from lifecycle.state import ModelState
 from tidegate.errors import TidegateError
+from tidegate.tasks import cancel_and_wait
 from tidegate.telemetry import get_logger
 
 __all__ = ["Report", "TableSource", "VersionManager"]
@@ -125,8 +126,7 @@ class VersionManager:
         self._stopped = True
         self._pending.clear()
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
         for name, version in self.cache.loaded():
             self._drop((name, version), "worker stopping")

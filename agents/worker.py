@@ -33,6 +33,7 @@ from schemas import INFERENCE_REQUEST, AvroDecoder, load_schema
 from tidegate.errors import RetriableError
 from tidegate.kafka import consume_ready, make_consumer, make_producer
 from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings, WorkerSettings
+from tidegate.tasks import cancel_and_wait
 from tidegate.telemetry import get_logger
 
 __all__ = ["CONSUMER_DEFAULTS", "InferenceWorker"]
@@ -150,9 +151,7 @@ class InferenceWorker:
         left = await asyncio.to_thread(self._publisher.flush, 10.0)
         if left:
             log.warning("%d messages not acknowledged at shutdown", left)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._thread.shutdown(wait=True)
         metrics.IN_FLIGHT.set(0)
         if not self._failed.done():

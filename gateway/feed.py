@@ -25,6 +25,7 @@ from gateway.replies import Deliver, ReplyFeed
 from tidegate.errors import ConfigurationError, SerializationError
 from tidegate.kafka import consume_ready, make_consumer
 from tidegate.settings import KafkaSettings
+from tidegate.tasks import cancel_and_wait
 
 __all__ = ["KafkaReplyFeed"]
 
@@ -87,8 +88,7 @@ class KafkaReplyFeed(ReplyFeed):
 
     async def stop(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
+            await cancel_and_wait([self._renewer])
         self._stopping.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)

@@ -37,6 +37,7 @@ from lifecycle.state import CanaryState, ModelState, apply
 from lifecycle.windows import WindowStats
 from tidegate.errors import ConcurrencyConflictError, LifecycleUnavailableError
 from tidegate.settings import LifecycleSettings
+from tidegate.tasks import cancel_and_wait
 
 __all__ = [
     "CanaryController",
@@ -315,8 +316,7 @@ class CanaryController:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
 
     async def _discover(self) -> None:

@@ -33,6 +33,7 @@ from tidegate.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.tasks import cancel_and_wait
 
 __all__ = ["LifecycleLog"]
 
@@ -103,9 +104,7 @@ class LifecycleLog:
         if self._publishing:
             # Give publishes in flight a moment; what is cut short stays in the outbox.
             await asyncio.wait(self._publishing, timeout=self._publish_wait)
-            for task in self._publishing:
-                task.cancel()
-            await asyncio.gather(*self._publishing, return_exceptions=True)
+            await cancel_and_wait(list(self._publishing))
         try:
             await self.relay.close()
         finally:

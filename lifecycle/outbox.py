@@ -15,7 +15,6 @@ of a model are published in sequence order), so deduplicating by the last sequen
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from tidegate.db import connection
 from tidegate.errors import LifecycleUnavailableError
 from tidegate.kafka import make_producer
 from tidegate.settings import KafkaSettings
+from tidegate.tasks import cancel_and_wait
 
 __all__ = ["OutboxRelay"]
 
@@ -109,9 +109,7 @@ class OutboxRelay:
     async def _stop_loop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
 
     async def flush(self, *, wait: bool = True) -> int:
         """Publish every pending event; returns how many were published.

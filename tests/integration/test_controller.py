@@ -312,7 +312,13 @@ async def test_the_controller_process_stops_cleanly_on_sigterm(config: Controlle
         task = asyncio.create_task(standby.run(stop))
         await poll(_is_set(standby.waiting), what="a second instance to wait")
         proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        exited = asyncio.ensure_future(proc.communicate())
+        done, _ = await asyncio.wait({exited}, timeout=30)
+        if not done:
+            proc.kill()
+            _, err = await exited
+            pytest.fail(f"the controller did not exit within 30 s of SIGTERM:\n{err.decode()}")
+        _, err = exited.result()
         assert proc.returncode == 0, err.decode()
         assert "controller lock acquired" in err.decode()
         await poll(_is_set(standby.active), what="the released lock to be taken over")

@@ -1,0 +1,53 @@
+"""`cancel_and_wait` stops tasks that lose a cancellation (the Python 3.11 `wait_for` race)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tidegate.tasks import cancel_and_wait
+
+
+async def _swallows_first_cancel(swallowed: asyncio.Event) -> None:
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        swallowed.set()  # what a lost cancellation looks like from outside: the task goes on
+    await asyncio.sleep(60)
+
+
+async def test_a_task_that_swallowed_a_cancellation_is_cancelled_again() -> None:
+    swallowed = asyncio.Event()
+    task = asyncio.create_task(_swallows_first_cancel(swallowed))
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait([task], recancel_s=0.05), 5)
+    assert swallowed.is_set()
+    assert task.cancelled()
+
+
+async def test_a_single_cancel_would_leave_that_task_running() -> None:
+    swallowed = asyncio.Event()
+    task = asyncio.create_task(_swallows_first_cancel(swallowed))
+    await asyncio.sleep(0)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=0.2)
+    assert not done
+    assert swallowed.is_set()
+    await cancel_and_wait([task], recancel_s=0.05)
+
+
+async def test_finished_and_failed_tasks_are_collected_without_raising() -> None:
+    async def fail() -> None:
+        raise RuntimeError("boom")
+
+    failed = asyncio.create_task(fail())
+    finished = asyncio.create_task(asyncio.sleep(0))
+    await asyncio.wait({failed, finished})
+    await cancel_and_wait([failed, finished])
+    assert isinstance(failed.exception(), RuntimeError)
+
+
+async def test_recancel_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="recancel_s"):
+        await cancel_and_wait([], recancel_s=0)
