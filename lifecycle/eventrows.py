@@ -38,13 +38,14 @@ def row_to_event(row: Sequence[Any]) -> RecordedEvent:
 
 
 async def read_stream(
-    conn: AsyncConnection[Any], stream: str, until: datetime | None = None
+    conn: AsyncConnection[Any], stream: str, until: datetime | None = None, *, after: int = 0
 ) -> list[RecordedEvent]:
-    """The stream's events in sequence order, those that occurred after `until` left out."""
-    query = SELECT_EVENTS + " WHERE stream = %s"
-    params: tuple[Any, ...] = (stream,)
+    """The stream's events in sequence order: those past sequence `after`, and with `until`,
+    only those that occurred by then."""
+    query = SELECT_EVENTS + " WHERE stream = %s AND sequence > %s"
+    params: tuple[Any, ...] = (stream, after)
     if until is not None:
         query += " AND occurred_at <= %s"
-        params = (stream, until)
+        params = (*params, until)
     cur = await conn.execute(query + " ORDER BY sequence", params)
     return [row_to_event(row) for row in await cur.fetchall()]

@@ -177,10 +177,14 @@ async def write(
     model: str,
     events: Sequence[ev.RecordedEvent],
     new: Sequence[ev.RecordedEvent],
+    *,
+    state: ModelState | None = None,
 ) -> None:
-    """Rewrite `model`'s rows from all its `events`; history rows are added for `new` only
-    (a history row depends on its own event alone). Call inside the append's transaction."""
-    state = fold(model, events)
+    """Rewrite `model`'s rows from all its `events` (and their fold, `state`, if the caller has
+    it); history rows are added for `new` only (a history row depends on its own event alone).
+    Call inside the append's transaction."""
+    if state is None:
+        state = fold(model, events)
     for table in ("lifecycle_models", "routing_versions", "routing_rules", "version_lineage"):
         await conn.execute(
             sql.SQL("DELETE FROM {} WHERE model = %s").format(sql.Identifier(table)), (model,)

@@ -1,7 +1,8 @@
-"""The `tidegate controller` process: outbox relay, lineage indexer and canary controller.
+"""The `tidegate controller` process: outbox relay, lineage indexer, canary controller and the
+pruning of expired lineage rows (`lifecycle.retention`).
 
 Exactly one instance acts per database schema. Each instance holds a dedicated connection and
-tries `pg_try_advisory_lock` on it; the holder runs the three components, the others wait and
+tries `pg_try_advisory_lock` on it; the holder runs the components, the others wait and
 try again every `takeover_poll_s`. The lock is the session's, so it goes when the holder's
 connection does, whether the process stopped, crashed or lost the network: a waiting instance then
 takes over within one poll. The holder checks its lock connection every `lock_check_s`; if that
@@ -24,11 +25,13 @@ from typing import Any
 import psycopg
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from prometheus_client import Gauge
+from psycopg_pool import AsyncConnectionPool
 
 from lifecycle.codec import LifecycleCodec
 from lifecycle.controller import CanaryController
 from lifecycle.indexer import DEFAULT_GROUP_ID, Indexer, seed_windows
 from lifecycle.outbox import OutboxRelay
+from lifecycle.retention import LineagePruner
 from lifecycle.store import EventStore
 from lifecycle.windows import LiveWindows
 from tidegate.db import make_pool
@@ -154,6 +157,7 @@ class ControllerService:
             pool, cfg.kafka, cfg.topics, registry, group_id=cfg.group_id, windows=windows
         )
         controller = CanaryController(EventStore(pool), windows.stats, cfg.lifecycle)
+        pruner = self._pruner(pool)
         started: list[Any] = []
         try:
             since = datetime.now(UTC) - timedelta(seconds=cfg.window_horizon_s)
@@ -165,6 +169,9 @@ class ControllerService:
             started.append(indexer)
             controller.start()
             started.append(controller)
+            if pruner is not None:
+                pruner.start()
+                started.append(pruner)
             self.active.set()
             _ACTIVE.set(1)
             await self._hold(lock, stop, indexer)
@@ -179,6 +186,14 @@ class ControllerService:
                 except Exception:
                     _log.exception("stopping %s failed", type(component).__name__)
             await pool.close()
+
+    def _pruner(self, pool: AsyncConnectionPool[Any]) -> LineagePruner | None:
+        days = self.config.lifecycle.lineage_retention_days
+        if not days:
+            return None
+        # The canary windows of an instance taking over are seeded from these rows.
+        retention = max(timedelta(days=days), timedelta(seconds=self.config.window_horizon_s))
+        return LineagePruner(pool, retention, every_s=self.config.lifecycle.lineage_prune_every_s)
 
     async def _hold(
         self, lock: psycopg.AsyncConnection[Any], stop: asyncio.Event, indexer: Indexer

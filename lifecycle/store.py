@@ -5,6 +5,12 @@ version under that lock, inserts the events and their outbox rows, rewrites the 
 projections from the fold of all its events, and notifies the outbox relay. Either all of it
 commits or none of it does, so the log, the outbox and the projections never disagree.
 
+Each store keeps the streams it has read, folded, and reads only the events past them: events are
+never changed or deleted, and a stream's committed events are always a prefix of it (appends to
+one stream are serialised by its row lock), so a cached fold at sequence N stays true. Without it
+an append read and folded the whole stream, and a long-lived stream (worker load reports pile up)
+made every append slower.
+
 Times come from the database clock (`clock_timestamp()` once the lock is held, truncated to
 milliseconds as on Kafka), never from a client's: one clock orders every writer. Each append of a
 stream is at least a millisecond after the one before (the events of one append share a time),
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from lifecycle import projections
 from lifecycle.eventrows import SELECT_EVENTS, read_stream, row_to_event
 from lifecycle.events import NewEvent, RecordedEvent, payload_to_dict
-from lifecycle.state import ModelState, fold
+from lifecycle.state import ModelState, apply, fold
 from tidegate.db import connection
 from tidegate.errors import ConcurrencyConflictError, LifecycleError
 
@@ -44,11 +51,22 @@ async def _one(cur: AsyncCursor[Any]) -> tuple[Any, ...]:
     return tuple(row)
 
 
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    """A committed prefix of a stream, as read back from the database, and its fold."""
+
+    events: tuple[RecordedEvent, ...]
+    state: ModelState
+
+
 class EventStore:
     """Appends to and reads the model streams; `stream` is the model name throughout."""
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
+        self._folded: dict[str, _Folded] = {}
+        self.events_read = 0
+        """Event rows read back to fold streams, since creation (how the cache is observed)."""
 
     async def append(
         self, stream: str, events: Sequence[NewEvent], *, expected_version: int | None
@@ -64,7 +82,9 @@ class EventStore:
             raise LifecycleError(f"nothing to append to {stream!r}")
         try:
             async with connection(self.pool) as conn, conn.transaction():
-                return await self._append(conn, stream, events, expected_version)
+                recorded, folded = await self._append(conn, stream, events, expected_version)
+            self._remember(stream, folded)  # committed: what it read is now true for everyone
+            return recorded
         except errors.UniqueViolation as exc:
             # Unreachable while every writer goes through the row lock; the constraint is the
             # backstop for one that does not.
@@ -81,7 +101,7 @@ class EventStore:
         stream: str,
         events: Sequence[NewEvent],
         expected: int | None,
-    ) -> list[RecordedEvent]:
+    ) -> tuple[list[RecordedEvent], _Folded]:
         await conn.execute(
             "INSERT INTO streams (stream) VALUES (%s) ON CONFLICT (stream) DO NOTHING", (stream,)
         )
@@ -137,9 +157,29 @@ class EventStore:
             "INSERT INTO outbox (position) SELECT unnest(%s::bigint[])",
             ([e.position for e in recorded],),
         )
-        await projections.write(conn, stream, await read_stream(conn, stream), recorded)
+        # Read back (not the objects in hand) so the projections fold exactly what a rebuild
+        # from the table would.
+        folded = await self._fold(conn, stream)
+        await projections.write(conn, stream, folded.events, recorded, state=folded.state)
         await conn.execute("SELECT pg_notify(%s, current_schema())", (NOTIFY_CHANNEL,))
-        return recorded
+        return recorded, folded
+
+    async def _fold(self, conn: AsyncConnection[Any], stream: str) -> _Folded:
+        """Every event of `stream` visible to `conn`, and their fold, reading only the events
+        past the cached prefix."""
+        cached = self._folded.get(stream) or _Folded((), ModelState(stream))
+        new = await read_stream(conn, stream, after=cached.state.sequence)
+        self.events_read += len(new)
+        state = cached.state
+        for event in new:
+            state = apply(state, event)
+        return _Folded((*cached.events, *new), state) if new else cached
+
+    def _remember(self, stream: str, folded: _Folded) -> None:
+        """Keep `folded` (committed) unless a longer prefix is already kept."""
+        current = self._folded.get(stream)
+        if current is None or folded.state.sequence > current.state.sequence:
+            self._folded[stream] = folded
 
     async def read(self, stream: str, *, until: datetime | None = None) -> list[RecordedEvent]:
         """The stream's events in order; with `until`, only those that occurred by then."""
@@ -148,7 +188,12 @@ class EventStore:
 
     async def load(self, stream: str, *, until: datetime | None = None) -> ModelState:
         """The model's state folded from its events (as it was at `until`, if given)."""
-        return fold(stream, await self.read(stream, until=until))
+        if until is not None:
+            return fold(stream, await self.read(stream, until=until))
+        async with connection(self.pool) as conn:
+            folded = await self._fold(conn, stream)
+        self._remember(stream, folded)
+        return folded.state
 
     async def version(self, stream: str) -> int:
         """The stream's version: its last sequence, 0 if it has no events."""

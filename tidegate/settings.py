@@ -364,6 +364,15 @@ class LifecycleSettings(BaseSettings):
     controller_tick_s: float = Field(
         0.5, gt=0, le=60, description="How often the canary controller evaluates."
     )
+    lineage_retention_days: float = Field(
+        30.0,
+        ge=0,
+        description="The controller deletes `served_requests` and `shadow_comparisons` rows older "
+        "than this (0: keep them forever). Never less than the canary windows' horizon.",
+    )
+    lineage_prune_every_s: float = Field(
+        600.0, gt=0, description="How often the controller deletes expired lineage rows."
+    )
 
 
 class GatewaySettings(BaseSettings):

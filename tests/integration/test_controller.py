@@ -5,12 +5,14 @@ events reach the lifecycle topic through the outbox, and a second instance takes
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,9 @@ from tests.integration.test_indexer import (
     poll,
     register_lineage_subjects,
 )
+from tests.integration.test_retention import compared, request_ids, served
 from tests.support import unique
+from tidegate.db import make_pool
 from tidegate.kafka import make_consumer
 from tidegate.settings import (
     KafkaSettings,
@@ -343,3 +347,29 @@ def publisher(
     kafka_settings: KafkaSettings, registry_settings: SchemaRegistrySettings, topics: TopicSettings
 ) -> ResultPublisher:
     return ResultPublisher(kafka_settings, registry_settings, topics)
+
+
+async def test_the_controller_deletes_lineage_rows_past_the_retention(
+    config: ControllerConfig, pg_settings: PostgresSettings
+) -> None:
+    # One hour: the shortest retention there is, the live windows' horizon.
+    lifecycle = config.lifecycle.model_copy(
+        update={"lineage_retention_days": 1 / 24, "lineage_prune_every_s": 0.2}
+    )
+    config = dataclasses.replace(config, lifecycle=lifecycle)
+    pool = make_pool(pg_settings, lifecycle)
+    await pool.open(wait=True, timeout=30)
+    try:
+        now = datetime.now(UTC)
+        await served(pool, "two-hours-old", now - timedelta(hours=2))
+        await compared(pool, "two-hours-old", now - timedelta(hours=2))
+        await served(pool, "fresh", now)
+
+        async def pruned() -> bool:
+            kept = await request_ids(pool, "served_requests")
+            return kept == {"fresh"} and not await request_ids(pool, "shadow_comparisons")
+
+        async with running(config):
+            await poll(pruned, what="the expired lineage rows to be deleted")
+    finally:
+        await pool.close()

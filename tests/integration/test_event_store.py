@@ -12,6 +12,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from lifecycle import events as ev
+from lifecycle import projections
 from lifecycle.state import VersionStatus
 from lifecycle.store import EventStore
 from tests.support import free_port
@@ -247,3 +248,34 @@ async def test_an_unreachable_store_is_unavailable() -> None:
             await store.append("fraud", [ev.NewEvent(registered("v1"))], expected_version=0)
     finally:
         await pool.close()
+
+
+async def test_a_store_folds_only_the_events_it_has_not_read(pg_pool: Pool) -> None:
+    mine, theirs = EventStore(pg_pool), EventStore(pg_pool)
+    version = await two_validated(mine, "fraud")
+    assert mine.events_read == version  # the append read back its own events once
+
+    # Another writer moves the stream on; this store's next append reads just those events
+    # and its own, and its fold still equals one from scratch.
+    reports = [ev.NewEvent(ev.VersionLoaded("v1", f"w{i}", 5.0)) for i in range(3)]
+    await theirs.append("fraud", reports, expected_version=version)
+    await mine.append("fraud", [ev.NewEvent(ev.Retired("v3"))], expected_version=version + 3)
+    assert mine.events_read == version + 3 + 1
+
+    fresh = EventStore(pg_pool)
+    assert await mine.load("fraud") == await fresh.load("fraud")
+    assert mine.events_read == version + 4  # nothing new to read
+    assert fresh.events_read == version + 4
+    async with pg_pool.connection() as conn:
+        live = await projections.snapshot(conn)
+        await projections.rebuild(conn)
+        assert await projections.snapshot(conn) == live
+
+
+async def test_a_failed_append_leaves_the_cached_fold_true(pg_pool: Pool) -> None:
+    store = EventStore(pg_pool)
+    version = await two_validated(store, "fraud")
+    with pytest.raises(ConcurrencyConflictError):
+        await store.append("fraud", [ev.NewEvent(ev.Retired("v3"))], expected_version=1)
+    assert await store.load("fraud") == await EventStore(pg_pool).load("fraud")
+    assert (await store.load("fraud")).sequence == version

@@ -1,8 +1,9 @@
 """`tidegate controller`: the lifecycle's background process, until SIGTERM or SIGINT.
 
 It publishes the event store's outbox to the lifecycle topic, indexes results and shadow
-comparisons into PostgreSQL (`tidegate served`, `models compare`) and drives canaries. Run as many
-as you like for availability: one per database schema acts, the others wait to take over.
+comparisons into PostgreSQL (`tidegate served`, `models compare`), drives canaries and deletes
+lineage rows past their retention (TIDEGATE_LIFECYCLE_LINEAGE_RETENTION_DAYS). Run as many as you
+like for availability: one per database schema acts, the others wait to take over.
 Settings come from the environment (TIDEGATE_POSTGRES_*, TIDEGATE_LIFECYCLE_*, TIDEGATE_KAFKA_*,
 TIDEGATE_TOPICS_*, TIDEGATE_SCHEMA_REGISTRY_*).
 """

@@ -1,0 +1,116 @@
+"""Expiring the lineage tables: `served_requests` and `shadow_comparisons` keep a retention window.
+
+Both grow by a row per request (and per shadowed request) for as long as the controller runs.
+The pruner deletes what is older than the retention, in batches of `batch_size` rows, each in a
+transaction of its own: the indexer's inserts never wait behind one long delete, and a pruner
+stopped halfway has deleted whole batches only. Rows are aged by when the request completed (or
+was compared), not when they were indexed, so a backlog indexed late expires on the same day as
+the rest of its traffic.
+
+What expires: `tidegate served` no longer knows those requests, and `models compare` (with the
+`promote` gate) no longer counts those comparisons. The events, and so the lifecycle's history
+and lineage, are never pruned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import Counter
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from tidegate.db import connection
+from tidegate.errors import LifecycleUnavailableError
+from tidegate.tasks import cancel_and_wait
+
+__all__ = ["AGED_BY", "LineagePruner", "prune"]
+
+_log = logging.getLogger(__name__)
+
+AGED_BY = {"served_requests": "completed_at", "shadow_comparisons": "compared_at"}
+"""Each pruned table and the column its rows are aged by (indexed: migration 0004)."""
+
+_PRUNED = Counter(
+    "tidegate_lineage_pruned_rows_total", "Lineage rows deleted past the retention.", ["table"]
+)
+
+
+async def prune(
+    pool: AsyncConnectionPool[Any], older_than: datetime, *, batch_size: int = 5000
+) -> dict[str, int]:
+    """Delete every lineage row aged before `older_than`; returns the count per table."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    counts: dict[str, int] = {}
+    for table, column in AGED_BY.items():
+        query = sql.SQL(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
+            "SELECT ctid FROM {table} WHERE {column} < %s LIMIT %s))"
+        ).format(table=sql.Identifier(table), column=sql.Identifier(column))
+        total = 0
+        while True:
+            async with connection(pool) as conn, conn.transaction():
+                cur = await conn.execute(query, (older_than, batch_size))
+                deleted = cur.rowcount
+            total += deleted
+            _PRUNED.labels(table).inc(deleted)
+            if deleted < batch_size:
+                break
+        counts[table] = total
+    return counts
+
+
+class LineagePruner:
+    """Prunes every `every_s` while started."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        retention: timedelta,
+        *,
+        every_s: float,
+        batch_size: int = 5000,
+    ) -> None:
+        if retention <= timedelta(0):
+            raise ValueError("retention must be positive")
+        if every_s <= 0:
+            raise ValueError("every_s must be positive")
+        self.pool = pool
+        self.retention = retention
+        self._every_s = every_s
+        self._batch_size = batch_size
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+        """Completed pruning passes since start."""
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="lineage-pruner")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    async def prune_now(self) -> dict[str, int]:
+        return await prune(
+            self.pool, datetime.now(UTC) - self.retention, batch_size=self._batch_size
+        )
+
+    async def run(self) -> None:
+        """Prune at once, then every `every_s`; a failed pass is logged and retried next time."""
+        while True:
+            try:
+                counts = await self.prune_now()
+            except LifecycleUnavailableError as exc:
+                _log.warning("lineage pruning skipped, the database is unavailable: %s", exc)
+            except Exception:
+                _log.exception("lineage pruning failed")
+            else:
+                self.passes += 1
+                if any(counts.values()):
+                    _log.info("lineage rows past the retention deleted: %s", counts)
+            await asyncio.sleep(self._every_s)
