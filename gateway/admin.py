@@ -156,7 +156,7 @@ async def lifecycle_admin(config: GatewayConfig) -> AsyncIterator[LifecycleComma
     try:
         async with LifecycleLog(EventStore(pool), relay) as log:
             store = LocalArtifactStore(config.models)
-            yield LifecycleCommands(log, pool, store, lc, models=config.models)
+            yield LifecycleCommands(log, pool, store, lc, models=config.models, events=log.store)
     finally:
         await pool.close()
 

@@ -33,12 +33,15 @@ from tidegate.db import connection
 from tidegate.errors import LifecycleUnavailableError, SerializationError, TidegateError
 from tidegate.kafka import consume_ready, make_consumer
 from tidegate.settings import KafkaSettings, TopicSettings
+from tidegate.tasks import cancel_and_wait
 
 __all__ = ["DEFAULT_GROUP_ID", "Indexer", "seed_windows"]
 
 _log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_ID = "tidegate-lineage-indexer"
+
+_STOP_S = 10.0
 
 _RECORDS = Counter(
     "tidegate_indexer_records_total",
@@ -162,9 +165,14 @@ class Indexer:
         )
 
     async def stop(self) -> None:
+        """Finish the batch in hand and close the consumer (leaving the group at once); a batch
+        stuck on PostgreSQL for `_STOP_S` is cancelled, to be read again by the next instance."""
         self._stopping.set()
         if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+            done, _ = await asyncio.wait({self._task}, timeout=_STOP_S)
+            if not done:
+                _log.warning("the indexer did not stop within %.0f s; cancelling it", _STOP_S)
+            await cancel_and_wait([self._task])
             self._task = None
 
     async def wait(self) -> None:

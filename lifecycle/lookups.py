@@ -74,7 +74,8 @@ async def served_view(
     record = await lineage.served(pool, request_id)
     if record is None:
         raise ModelNotFoundError(
-            f"no served request {request_id!r} is indexed (unknown, or not indexed yet)"
+            f"no served request {request_id!r} is indexed "
+            "(unknown, not indexed yet, or older than the lineage retention)"
         )
     history = await events.read(record.model)
     # A split names the table that decided (`split@41`): fold exactly up to it, as the worker

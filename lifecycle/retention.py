@@ -1,8 +1,9 @@
 """Expiring the lineage tables: `served_requests` and `shadow_comparisons` keep a retention window.
 
 Both grow by a row per request (and per shadowed request) for as long as the controller runs.
-The pruner deletes what is older than the retention, in batches of `batch_size` rows, each in a
-transaction of its own: the indexer's inserts never wait behind one long delete, and a pruner
+The pruner deletes what is older than the retention, oldest first (along the time indexes of
+migration 0004, even on a table that was never pruned), in batches of `batch_size` rows, each in
+a transaction of its own: the indexer's inserts never wait behind one long delete, and a pruner
 stopped halfway has deleted whole batches only. Rows are aged by when the request completed (or
 was compared), not when they were indexed, so a backlog indexed late expires on the same day as
 the rest of its traffic.
@@ -25,9 +26,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from tidegate.db import connection
 from tidegate.errors import LifecycleUnavailableError
+from tidegate.settings import LifecycleSettings
 from tidegate.tasks import cancel_and_wait
 
-__all__ = ["AGED_BY", "LineagePruner", "prune"]
+__all__ = ["AGED_BY", "LineagePruner", "lineage_pruner", "prune"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ async def prune(
     for table, column in AGED_BY.items():
         query = sql.SQL(
             "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
-            "SELECT ctid FROM {table} WHERE {column} < %s LIMIT %s))"
+            "SELECT ctid FROM {table} WHERE {column} < %s ORDER BY {column} LIMIT %s))"
         ).format(table=sql.Identifier(table), column=sql.Identifier(column))
         total = 0
         while True:
@@ -114,3 +116,16 @@ class LineagePruner:
                 if any(counts.values()):
                     _log.info("lineage rows past the retention deleted: %s", counts)
             await asyncio.sleep(self._every_s)
+
+
+def lineage_pruner(
+    pool: AsyncConnectionPool[Any], settings: LifecycleSettings, *, min_retention_s: float
+) -> LineagePruner | None:
+    """The controller's pruner, None when the retention is 0 (keep forever). The retention is
+    raised to `min_retention_s` (the canary windows' horizon: an instance taking over seeds its
+    windows from these rows)."""
+    days = settings.lineage_retention_days
+    if not days:
+        return None
+    retention = max(timedelta(days=days), timedelta(seconds=min_retention_s))
+    return LineagePruner(pool, retention, every_s=settings.lineage_prune_every_s)

@@ -25,13 +25,12 @@ from typing import Any
 import psycopg
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from prometheus_client import Gauge
-from psycopg_pool import AsyncConnectionPool
 
 from lifecycle.codec import LifecycleCodec
 from lifecycle.controller import CanaryController
 from lifecycle.indexer import DEFAULT_GROUP_ID, Indexer, seed_windows
 from lifecycle.outbox import OutboxRelay
-from lifecycle.retention import LineagePruner
+from lifecycle.retention import lineage_pruner
 from lifecycle.store import EventStore
 from lifecycle.windows import LiveWindows
 from tidegate.db import make_pool
@@ -157,9 +156,9 @@ class ControllerService:
             pool, cfg.kafka, cfg.topics, registry, group_id=cfg.group_id, windows=windows
         )
         controller = CanaryController(EventStore(pool), windows.stats, cfg.lifecycle)
-        pruner = self._pruner(pool)
         started: list[Any] = []
         try:
+            pruner = lineage_pruner(pool, cfg.lifecycle, min_retention_s=cfg.window_horizon_s)
             since = datetime.now(UTC) - timedelta(seconds=cfg.window_horizon_s)
             seeded = await seed_windows(pool, windows, since)
             _log.info("live windows seeded with %d indexed results", seeded)
@@ -186,14 +185,6 @@ class ControllerService:
                 except Exception:
                     _log.exception("stopping %s failed", type(component).__name__)
             await pool.close()
-
-    def _pruner(self, pool: AsyncConnectionPool[Any]) -> LineagePruner | None:
-        days = self.config.lifecycle.lineage_retention_days
-        if not days:
-            return None
-        # The canary windows of an instance taking over are seeded from these rows.
-        retention = max(timedelta(days=days), timedelta(seconds=self.config.window_horizon_s))
-        return LineagePruner(pool, retention, every_s=self.config.lifecycle.lineage_prune_every_s)
 
     async def _hold(
         self, lock: psycopg.AsyncConnection[Any], stop: asyncio.Event, indexer: Indexer

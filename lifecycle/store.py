@@ -9,7 +9,9 @@ Each store keeps the streams it has read, folded, and reads only the events past
 never changed or deleted, and a stream's committed events are always a prefix of it (appends to
 one stream are serialised by its row lock), so a cached fold at sequence N stays true. Without it
 an append read and folded the whole stream, and a long-lived stream (worker load reports pile up)
-made every append slower.
+made every append slower (docs/decisions/006). Should the database lose commits (a restore, a
+failover to a replica that lagged), an append finds the stream behind its cache, drops the cache
+and conflicts once; the caller's retry reads the log afresh.
 
 Times come from the database clock (`clock_timestamp()` once the lock is held, truncated to
 milliseconds as on Kafka), never from a client's: one clock orders every writer. Each append of a
@@ -110,6 +112,11 @@ class EventStore:
         )
         # The row was inserted above or by a committed writer, and rows are never deleted.
         version = int((await _one(cur))[0])
+        cached = self._folded.get(stream)
+        if cached is not None and cached.state.sequence > version:
+            # Only if the database went back in time (a restore, a failover that lost commits):
+            # what this store read is no longer the log.
+            del self._folded[stream]
         if expected is not None and expected != version:
             raise ConcurrencyConflictError(stream, expected, version)
         # The clock is read after the lock is held: a writer that waited gets a later time.
@@ -169,6 +176,10 @@ class EventStore:
         past the cached prefix."""
         cached = self._folded.get(stream) or _Folded((), ModelState(stream))
         new = await read_stream(conn, stream, after=cached.state.sequence)
+        if new and new[0].sequence != cached.state.sequence + 1:
+            # A gap means the cache does not match the log (see `_append`): read it all again.
+            cached = _Folded((), ModelState(stream))
+            new = await read_stream(conn, stream)
         self.events_read += len(new)
         state = cached.state
         for event in new:
@@ -183,17 +194,22 @@ class EventStore:
 
     async def read(self, stream: str, *, until: datetime | None = None) -> list[RecordedEvent]:
         """The stream's events in order; with `until`, only those that occurred by then."""
-        async with connection(self.pool) as conn:
-            return await read_stream(conn, stream, until)
+        if until is not None:
+            async with connection(self.pool) as conn:
+                return await read_stream(conn, stream, until)
+        return list((await self._load(stream)).events)
 
     async def load(self, stream: str, *, until: datetime | None = None) -> ModelState:
         """The model's state folded from its events (as it was at `until`, if given)."""
         if until is not None:
             return fold(stream, await self.read(stream, until=until))
+        return (await self._load(stream)).state
+
+    async def _load(self, stream: str) -> _Folded:
         async with connection(self.pool) as conn:
             folded = await self._fold(conn, stream)
         self._remember(stream, folded)
-        return folded.state
+        return folded
 
     async def version(self, stream: str) -> int:
         """The stream's version: its last sequence, 0 if it has no events."""

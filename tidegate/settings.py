@@ -367,6 +367,7 @@ class LifecycleSettings(BaseSettings):
     lineage_retention_days: float = Field(
         30.0,
         ge=0,
+        le=36500,
         description="The controller deletes `served_requests` and `shadow_comparisons` rows older "
         "than this (0: keep them forever). Never less than the canary windows' horizon.",
     )

@@ -10,24 +10,46 @@ the task is done.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["cancel_and_wait"]
 
+_log = logging.getLogger(__name__)
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, recancel_s: float = 0.5) -> None:
-    """Cancel `tasks` and return once every one is done, cancelling again each `recancel_s` any
-    task that swallowed the cancellation. The tasks' results and exceptions are retrieved and
-    dropped: callers stop what they no longer want."""
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, recancel_s: float = 2.0) -> None:
+    """Cancel `tasks` and return once every one is done, cancelling again every `recancel_s` a
+    task that is still running (it swallowed the cancellation, or is slow to clean up: psycopg
+    cancels a running query on the server first).
+
+    A task that had failed before it was cancelled is logged, since nobody else will see its
+    error; results are dropped: callers stop what they no longer want.
+    """
     if recancel_s <= 0:
         raise ValueError("recancel_s must be positive")
     tasks = list(tasks)
     pending = {task for task in tasks if not task.done()}
+    rounds = 0
     while pending:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=recancel_s)
+        rounds += 1
+        for task in pending:
+            _log.warning(
+                "%s still running %.0f s after it was cancelled; cancelling again",
+                _name(task),
+                rounds * recancel_s,
+            )
     for task in tasks:
-        if not task.cancelled():
-            task.exception()
+        if task.cancelled():
+            continue
+        exc = task.exception()
+        if exc is not None:
+            _log.warning("%s had failed before it was stopped", _name(task), exc_info=exc)
+
+
+def _name(task: asyncio.Future[Any]) -> str:
+    return task.get_name() if isinstance(task, asyncio.Task) else repr(task)

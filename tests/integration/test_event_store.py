@@ -272,10 +272,49 @@ async def test_a_store_folds_only_the_events_it_has_not_read(pg_pool: Pool) -> N
         assert await projections.snapshot(conn) == live
 
 
-async def test_a_failed_append_leaves_the_cached_fold_true(pg_pool: Pool) -> None:
+async def test_an_append_that_fails_after_folding_leaves_the_cache_as_it_was(
+    pg_pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = EventStore(pg_pool)
     version = await two_validated(store, "fraud")
+
+    async def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("projections could not be written")
+
+    # The append has read back and folded its own event when this fails; it rolls back.
+    monkeypatch.setattr(projections, "write", broken)
+    with pytest.raises(RuntimeError, match="projections"):
+        await store.append("fraud", [ev.NewEvent(ev.Retired("v3"))], expected_version=version)
+    monkeypatch.undo()
+
+    state = await store.load("fraud")
+    assert state.sequence == version
+    assert state == await EventStore(pg_pool).load("fraud")
+    await store.append("fraud", [ev.NewEvent(ev.Retired("v3"))], expected_version=version)
+    retired = (await store.load("fraud")).version("v3")
+    assert retired is not None
+    assert retired.status is VersionStatus.RETIRED
+
+
+async def test_a_store_ahead_of_a_restored_database_reads_the_log_afresh(pg_pool: Pool) -> None:
+    store = EventStore(pg_pool)
+    version = await two_validated(store, "fraud")
+    await store.append("fraud", [ev.NewEvent(ev.Retired("v3"))], expected_version=version)
+    # What a restore from a backup taken before that last append looks like to the store.
+    async with pg_pool.connection() as conn:
+        await conn.execute("ALTER TABLE events DISABLE TRIGGER USER")
+        lost = "SELECT position FROM events WHERE stream = 'fraud' AND sequence > %s"
+        await conn.execute(f"DELETE FROM outbox WHERE position IN ({lost})", (version,))  # noqa: S608
+        await conn.execute("DELETE FROM events WHERE sequence > %s", (version,))
+        await conn.execute("DELETE FROM version_history WHERE sequence > %s", (version,))
+        await conn.execute("UPDATE streams SET version = %s", (version,))
+        await conn.execute("ALTER TABLE events ENABLE TRIGGER USER")
+
+    # The store believed the stream was one event further: one conflict, then it reads afresh.
     with pytest.raises(ConcurrencyConflictError):
-        await store.append("fraud", [ev.NewEvent(ev.Retired("v3"))], expected_version=1)
+        await store.append("fraud", [ev.NewEvent(ev.Retired("v2"))], expected_version=version + 1)
+    state = await store.load("fraud")
+    assert state == await EventStore(pg_pool).load("fraud")
+    assert state.sequence == version
+    await store.append("fraud", [ev.NewEvent(ev.Retired("v2"))], expected_version=version)
     assert await store.load("fraud") == await EventStore(pg_pool).load("fraud")
-    assert (await store.load("fraud")).sequence == version

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -51,3 +52,24 @@ async def test_finished_and_failed_tasks_are_collected_without_raising() -> None
 async def test_recancel_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="recancel_s"):
         await cancel_and_wait([], recancel_s=0)
+
+
+async def test_a_task_that_had_failed_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def fail() -> None:
+        raise RuntimeError("the relay loop died")
+
+    task = asyncio.create_task(fail(), name="outbox-relay")
+    await asyncio.wait({task})
+    with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
+        await cancel_and_wait([task])
+    assert "outbox-relay had failed" in caplog.text
+    assert "the relay loop died" in caplog.text
+
+
+async def test_a_task_slow_to_stop_is_logged_each_round(caplog: pytest.LogCaptureFixture) -> None:
+    swallowed = asyncio.Event()
+    task = asyncio.create_task(_swallows_first_cancel(swallowed), name="stubborn")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
+        await cancel_and_wait([task], recancel_s=0.05)
+    assert "stubborn still running" in caplog.text

@@ -75,7 +75,8 @@ async def session(*, write: bool) -> AsyncIterator[LifecycleCommands]:
             pg, lc, KafkaSettings(), TopicSettings(), SchemaRegistrySettings()
         )
         async with log:
-            yield LifecycleCommands(log, log.pool, store, lc, models=models)
+            # One store for reads and appends: one fold cache, so a command reads its stream once.
+            yield LifecycleCommands(log, log.pool, store, lc, models=models, events=log.store)
         return
     pool = make_pool(pg, lc)
     try:
@@ -85,7 +86,8 @@ async def session(*, write: bool) -> AsyncIterator[LifecycleCommands]:
         raise LifecycleUnavailableError(f"cannot reach the event store: {exc}") from exc
     try:
         # Reads append nothing; the store itself stands in for the log.
-        yield LifecycleCommands(EventStore(pool), pool, store, lc, models=models)
+        events = EventStore(pool)
+        yield LifecycleCommands(events, pool, store, lc, models=models, events=events)
     finally:
         await pool.close()
 
