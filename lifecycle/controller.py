@@ -35,9 +35,9 @@ from prometheus_client import Counter
 from lifecycle.events import NewEvent, Payload, Promoted, RecordedEvent, RolledBack, TrafficShifted
 from lifecycle.state import CanaryState, ModelState, apply
 from lifecycle.windows import WindowStats
-from tidegate.errors import ConcurrencyConflictError, LifecycleUnavailableError
+from tidegate.errors import ConcurrencyConflictError
 from tidegate.settings import LifecycleSettings
-from tidegate.tasks import cancel_and_wait
+from tidegate.tasks import Periodic
 
 __all__ = [
     "CanaryController",
@@ -264,7 +264,7 @@ class CanaryController:
         self._states: dict[str, ModelState] = {}
         self._position = 0
         self._rescanned_at: float | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._ticks = Periodic(self.tick, settings.controller_tick_s, name="canary-controller")
 
     def active(self) -> list[str]:
         """Models with an active canary, as last seen."""
@@ -300,24 +300,13 @@ class CanaryController:
         _log.warning("%s: gave up after %d conflicting appends", model, _MAX_CONFLICTS)
         return []
 
-    async def run(self) -> None:
-        """Tick until cancelled; a failing tick is logged and the next one tries again."""
-        while True:
-            try:
-                await self.tick()
-            except LifecycleUnavailableError as exc:
-                _log.warning("canary controller: event store unavailable: %s", exc)
-            except Exception:
-                _log.exception("canary controller tick failed")
-            await asyncio.sleep(self._settings.controller_tick_s)
-
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="canary-controller")
+        """Tick every `controller_tick_s` until `stop()`; a failing tick is logged and the next
+        one tries again."""
+        self._ticks.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
+        await self._ticks.stop()
 
     async def _discover(self) -> None:
         now = asyncio.get_running_loop().time()

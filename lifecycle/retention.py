@@ -15,7 +15,6 @@ and lineage, are never pruned.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,9 +24,8 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate.db import connection
-from tidegate.errors import LifecycleUnavailableError
 from tidegate.settings import LifecycleSettings
-from tidegate.tasks import cancel_and_wait
+from tidegate.tasks import Periodic
 
 __all__ = ["AGED_BY", "LineagePruner", "lineage_pruner", "prune"]
 
@@ -79,43 +77,26 @@ class LineagePruner:
     ) -> None:
         if retention <= timedelta(0):
             raise ValueError("retention must be positive")
-        if every_s <= 0:
-            raise ValueError("every_s must be positive")
         self.pool = pool
         self.retention = retention
-        self._every_s = every_s
         self._batch_size = batch_size
-        self._task: asyncio.Task[None] | None = None
-        self.passes = 0
-        """Completed pruning passes since start."""
+        self._passes = Periodic(self.prune_now, every_s, name="lineage-pruner")
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="lineage-pruner")
+        """Prune at once, then every `every_s` until `stop()`; a failed pass is logged and
+        tried again next time."""
+        self._passes.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
+        await self._passes.stop()
 
     async def prune_now(self) -> dict[str, int]:
-        return await prune(
+        counts = await prune(
             self.pool, datetime.now(UTC) - self.retention, batch_size=self._batch_size
         )
-
-    async def run(self) -> None:
-        """Prune at once, then every `every_s`; a failed pass is logged and retried next time."""
-        while True:
-            try:
-                counts = await self.prune_now()
-            except LifecycleUnavailableError as exc:
-                _log.warning("lineage pruning skipped, the database is unavailable: %s", exc)
-            except Exception:
-                _log.exception("lineage pruning failed")
-            else:
-                self.passes += 1
-                if any(counts.values()):
-                    _log.info("lineage rows past the retention deleted: %s", counts)
-            await asyncio.sleep(self._every_s)
+        if any(counts.values()):
+            _log.info("lineage rows past the retention deleted: %s", counts)
+        return counts
 
 
 def lineage_pruner(

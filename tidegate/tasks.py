@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-__all__ = ["cancel_and_wait"]
+from tidegate.errors import RetriableError
+
+__all__ = ["Periodic", "cancel_and_wait"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,3 +55,37 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], *, recancel_s: f
 
 def _name(task: asyncio.Future[Any]) -> str:
     return task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+
+
+class Periodic:
+    """Runs `step` at once and then every `every_s` seconds, between `start()` and `stop()`.
+
+    A failing step never ends the loop: a `RetriableError` (the database is away) is logged as a
+    warning, anything else with its traceback, and the next step tries again.
+    """
+
+    def __init__(self, step: Callable[[], Awaitable[object]], every_s: float, *, name: str) -> None:
+        if every_s <= 0:
+            raise ValueError("every_s must be positive")
+        self.name = name
+        self._step = step
+        self._every_s = every_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._step()
+            except RetriableError as exc:
+                _log.warning("%s: %s; trying again in %.1f s", self.name, exc, self._every_s)
+            except Exception:
+                _log.exception("%s failed; trying again in %.1f s", self.name, self._every_s)
+            await asyncio.sleep(self._every_s)

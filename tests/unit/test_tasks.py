@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from tidegate.tasks import cancel_and_wait
+from tidegate.errors import LifecycleUnavailableError
+from tidegate.tasks import Periodic, cancel_and_wait
 
 
 async def _swallows_first_cancel(swallowed: asyncio.Event) -> None:
@@ -73,3 +74,27 @@ async def test_a_task_slow_to_stop_is_logged_each_round(caplog: pytest.LogCaptur
     with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
         await cancel_and_wait([task], recancel_s=0.05)
     assert "stubborn still running" in caplog.text
+
+
+async def test_periodic_steps_go_on_after_failures(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+    third = asyncio.Event()
+
+    async def step() -> None:
+        calls.append(len(calls))
+        if len(calls) == 3:
+            third.set()
+        if len(calls) == 1:
+            raise LifecycleUnavailableError("the database is away")
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+
+    periodic = Periodic(step, 0.01, name="ticker")
+    with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
+        periodic.start()
+        await asyncio.wait_for(third.wait(), 5)
+        await periodic.stop()
+    assert "ticker: the database is away" in caplog.text
+    assert "ticker failed" in caplog.text
+    with pytest.raises(ValueError, match="every_s"):
+        Periodic(step, 0, name="never")
