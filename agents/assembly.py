@@ -15,24 +15,24 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.loaded import ModelCache, ModelLoader, store_loader
-from agents.service import InferenceService
-from agents.shadow import ShadowRunner
-from agents.versions import VersionManager
-from agents.worker import InferenceWorker
-from lifecycle.events import NewEvent
-from lifecycle.feed import LifecycleFeed
-from lifecycle.log import LifecycleLog
-from tidegate.settings import (
+from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.loaded import ModelCache, ModelLoader, store_loader
+from tidegate.agents.shadow import ShadowRunner
+from tidegate.agents.version_manager import VersionManager
+from tidegate.agents.worker import InferenceWorker
+from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
-    ModelSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
-    WorkerSettings,
 )
-from tidegate.telemetry import get_logger
+from tidegate.core.telemetry import get_logger
+from tidegate.lifecycle.domain.events import NewEvent
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.lifecycle.readmodels.feed import LifecycleFeed
+from tidegate.models.model_settings import ModelSettings
 
 __all__ = ["CATCH_UP_S", "RunningWorker", "WorkerConfig", "running_worker"]
 

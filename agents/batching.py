@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from tidegate.errors import ModelExecutionError, ModelUnavailableError
-from tidegate.tasks import cancel_and_wait
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import ModelExecutionError, ModelUnavailableError
 
 __all__ = [
     "BatchObserver",

@@ -22,8 +22,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from agents.manifest import Manifest
-from agents.signature import Signature
+from tidegate.models.manifest import Manifest
+from tidegate.schemas.signature import Signature
 
 __all__ = ["Comparison", "Kind", "compare", "compared_outputs", "guess_task", "task_of"]
 

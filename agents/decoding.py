@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from agents.tasks import InferenceTask
-from agents.tensors import DATATYPES, to_numpy
-from dlq.envelopes import source_position
-from tidegate.errors import InvalidInputError, SerializationError, TidegateError
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.core.errors import InvalidInputError, SerializationError, TidegateError
+from tidegate.dlq.envelopes import source_position
+from tidegate.schemas.tensors import DATATYPES, to_numpy
 
 __all__ = ["Decoded", "KafkaMessage", "RequestDecoder"]
 

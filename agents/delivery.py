@@ -2,7 +2,7 @@
 
 Results are encoded once and the same bytes go to `inference-results` (keyed like the request) and,
 when the request asks, to its `reply_to` topic and partition. The producer is the idempotent,
-acks=all one of `tidegate.kafka`, so messages of one partition land in produce order. Side
+acks=all one of `tidegate.core.kafka`, so messages of one partition land in produce order. Side
 records (shadow comparisons) share the producer; nothing waits for them or commits by them.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from agents import metrics
-from schemas import DEAD_LETTER_ENVELOPE, INFERENCE_RESULT, AvroEncoder, load_schema
-from schemas.catalog import SHADOW_COMPARISON
-from tidegate.errors import ConfigurationError, TidegateError
-from tidegate.settings import TopicSettings
-from tidegate.telemetry import get_logger
+from tidegate.agents import worker_metrics as metrics
+from tidegate.core.errors import ConfigurationError, TidegateError
+from tidegate.core.settings import TopicSettings
+from tidegate.core.telemetry import get_logger
+from tidegate.schemas import DEAD_LETTER_ENVELOPE, INFERENCE_RESULT, AvroEncoder, load_schema
+from tidegate.schemas.catalog import SHADOW_COMPARISON
 
 __all__ = ["Ack", "Publisher"]
 

@@ -1,9 +1,10 @@
 """Loaded model versions, cached per (model, version), loaded once and warmed up before serving.
 
 The cache is the mechanism: a version is loaded once however many callers ask at the same time, a
-failed load is remembered for a while (so a broken artifact does not stall every request that
-names it, and it is never counted as loaded), and the order of use is kept for LRU eviction.
-Which versions to load and when to drop them is policy, in `agents.versions.VersionManager`.
+failed load is remembered for a while (so a broken artifact does not stall every request that names
+it, and it is never counted as loaded), and the order of use is kept for LRU eviction. Which
+versions to load and when to drop them is policy, in
+`tidegate.agents.version_manager.VersionManager`.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agents.compare import Kind, task_of
-from agents.runtime.base import ModelRuntime
-from agents.signature import Signature
-from tidegate.errors import ModelNotFoundError, ModelUnavailableError, TidegateError
-from tidegate.settings import ModelSettings
-from tidegate.telemetry import get_logger
+from tidegate.agents.compare import Kind, task_of
+from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError, TidegateError
+from tidegate.core.telemetry import get_logger
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.runtime.contract import ModelRuntime
+from tidegate.schemas.signature import Signature
 
 __all__ = ["LoadedModel", "ModelCache", "ModelLoader", "VersionKey", "store_loader", "unload"]
 
@@ -50,10 +51,11 @@ ModelLoader = Callable[[str, str], Awaitable[LoadedModel]]
 
 
 def store_loader(settings: ModelSettings) -> ModelLoader:
-    """Load versions from the local artifact store with `agents.runtime.load_package` (which
+    """Load versions from the local artifact store with `tidegate.models.runtime.load_package`
+    (which
     fetches, verifies every file's sha256, loads and warms up)."""
-    from agents.runtime import load_package
-    from agents.store import LocalArtifactStore
+    from tidegate.models.runtime import load_package
+    from tidegate.models.store import LocalArtifactStore
 
     store = LocalArtifactStore(settings)
 

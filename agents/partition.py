@@ -18,17 +18,17 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from agents import metrics
-from agents.batching import PartitionBatcher
-from agents.decoding import KafkaMessage, RequestDecoder
-from agents.delivery import Publisher
-from agents.offsets import OffsetTracker
-from agents.results import FAILED_STATUSES, error_result
-from agents.tasks import InferenceTask
-from dlq.envelopes import dead_letter, error_info, source_position
-from tidegate.errors import ModelExecutionError, SerializationError, TidegateError
-from tidegate.tasks import cancel_and_wait
-from tidegate.telemetry import get_logger
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.batching import PartitionBatcher
+from tidegate.agents.decoding import KafkaMessage, RequestDecoder
+from tidegate.agents.delivery import Publisher
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.offsets import OffsetTracker
+from tidegate.agents.result_builders import FAILED_STATUSES, error_result
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import ModelExecutionError, SerializationError, TidegateError
+from tidegate.core.telemetry import get_logger
+from tidegate.dlq.envelopes import dead_letter, error_info, source_position
 
 __all__ = ["PartitionPipeline"]
 

@@ -23,12 +23,12 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from agents import metrics
-from agents.compare import Kind, compare, compared_outputs
-from agents.loaded import LoadedModel
-from tidegate.errors import InvalidInputError, ModelExecutionError, RetriableError
-from tidegate.tasks import cancel_and_wait
-from tidegate.telemetry import get_logger
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.compare import Kind, compare, compared_outputs
+from tidegate.agents.loaded import LoadedModel
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import InvalidInputError, ModelExecutionError, RetriableError
+from tidegate.core.telemetry import get_logger
 
 __all__ = ["CandidateSource", "Publish", "ShadowJob", "ShadowRequest", "ShadowRunner"]
 

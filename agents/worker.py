@@ -22,19 +22,20 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from agents import metrics
-from agents.batching import PartitionBatcher
-from agents.decoding import RequestDecoder
-from agents.delivery import Publisher
-from agents.partition import PartitionPipeline
-from agents.service import InferenceService
-from agents.tasks import InferenceTask
-from schemas import INFERENCE_REQUEST, AvroDecoder, load_schema
-from tidegate.errors import RetriableError
-from tidegate.kafka import consume_ready, make_consumer, make_producer
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings, WorkerSettings
-from tidegate.tasks import cancel_and_wait
-from tidegate.telemetry import get_logger
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.batching import PartitionBatcher
+from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.decoding import RequestDecoder
+from tidegate.agents.delivery import Publisher
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.partition import PartitionPipeline
+from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import RetriableError
+from tidegate.core.kafka import consume_ready, make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.telemetry import get_logger
+from tidegate.schemas import INFERENCE_REQUEST, AvroDecoder, load_schema
 
 __all__ = ["CONSUMER_DEFAULTS", "InferenceWorker"]
 

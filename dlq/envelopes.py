@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tidegate.errors import TidegateError
+from tidegate.core.errors import TidegateError
 
 __all__ = ["dead_letter", "error_info", "source_position"]
 

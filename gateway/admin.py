@@ -21,13 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.problems import ProblemResponse, error_problem, problem
-from gateway.services import GatewayConfig
-from lifecycle.commands import LifecycleCommands
-from lifecycle.parse import parse_at
-from lifecycle.render import event_view, iso, state_view, summary_view, table_view
-from lifecycle.routing import RoutingTable
-from tidegate.errors import (
+from tidegate.core.errors import (
     ArtifactError,
     ConcurrencyConflictError,
     InvalidInputError,
@@ -36,6 +30,12 @@ from tidegate.errors import (
     ModelNotFoundError,
     TidegateError,
 )
+from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.problems import ProblemResponse, error_problem, problem
+from tidegate.lifecycle.domain.parse import parse_at
+from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.lifecycle.operations.commands import LifecycleCommands
 
 __all__ = [
     "ANONYMOUS",
@@ -52,7 +52,7 @@ ANONYMOUS = "anonymous"
 
 
 def admin_problem(error: TidegateError, *, instance: str) -> ProblemResponse:
-    """Lifecycle errors get their statuses here; the rest go by `gateway.problems`."""
+    """Lifecycle errors get their statuses here; the rest go by `tidegate.gateway.problems`."""
     status = next(
         (
             code
@@ -138,13 +138,14 @@ async def lifecycle_admin(config: GatewayConfig) -> AsyncIterator[LifecycleComma
     """
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from agents.store import LocalArtifactStore
-    from lifecycle.codec import LifecycleCodec
-    from lifecycle.log import LifecycleLog
-    from lifecycle.outbox import OutboxRelay
-    from lifecycle.store import EventStore
-    from tidegate.db import make_pool
-    from tidegate.settings import LifecycleSettings, PostgresSettings
+    from tidegate.core.db import make_pool
+    from tidegate.core.settings import PostgresSettings
+    from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
+    from tidegate.lifecycle.eventstore.event_store import EventStore
+    from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+    from tidegate.lifecycle.eventstore.outbox import OutboxRelay
+    from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+    from tidegate.models.store import LocalArtifactStore
 
     lc = LifecycleSettings()
     pool = make_pool(PostgresSettings(), lc)

@@ -11,8 +11,8 @@ import math
 import time
 from typing import Any
 
-from gateway import metrics
-from tidegate.errors import OverloadedError
+from tidegate.core.errors import OverloadedError
+from tidegate.gateway import http_metrics as metrics
 
 __all__ = ["Admission"]
 

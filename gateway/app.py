@@ -1,9 +1,9 @@
 """The gateway app: the V2 HTTP facade over Kafka, one replica per process.
 
 `create_app` takes the settings bundle and a factory of services (the real Kafka/Redis ones by
-default); the lifespan builds and starts them on the server's event loop and stops them on
-shutdown. With an `admin` factory (`gateway.admin.lifecycle_admin`), the lifecycle commands are
-served under /admin too. Every error answers an RFC 9457 problem body (`gateway.problems`).
+default); the lifespan builds and starts them on the server's event loop and stops them on shutdown.
+With an `admin` factory (`tidegate.gateway.admin.lifecycle_admin`), the lifecycle commands are
+served under /admin too. Every error answers an RFC 9457 problem body (`tidegate.gateway.problems`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tidegate
-from gateway.problems import error_problem, problem
-from gateway.routes import router
-from gateway.runtime import GatewayRuntime
-from gateway.services import GatewayConfig, ServicesFactory, kafka_services
-from tidegate.errors import TidegateError
+from tidegate.core.errors import TidegateError
+from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
+from tidegate.gateway.problems import error_problem, problem
+from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.routes import router
 
 if TYPE_CHECKING:
-    from gateway.admin import AdminFactory
+    from tidegate.gateway.admin import AdminFactory
 
 __all__ = ["create_app"]
 
@@ -56,7 +56,7 @@ def create_app(
     app.include_router(router)
     if admin is not None:
         # Imported only here: a gateway without /admin never loads the lifecycle's database code.
-        from gateway.admin import install_admin
+        from tidegate.gateway.admin import install_admin
 
         install_admin(app)
 

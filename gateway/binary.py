@@ -1,10 +1,10 @@
 """Triton's binary tensor data extension: JSON header plus raw tensor bytes in one HTTP body.
 
-A request or response that uses it carries `Inference-Header-Content-Length`, the byte length of
-the JSON header at the start of the body; the raw tensors follow back to back, in the order of
-the tensors in the header whose `parameters.binary_data_size` gives each one's length. Raw data
-is the V2 layout of `agents.tensors` (little-endian elements; BYTES as 4-byte length + bytes),
-so it passes between HTTP and Kafka without conversion.
+A request or response that uses it carries `Inference-Header-Content-Length`, the byte length of the
+JSON header at the start of the body; the raw tensors follow back to back, in the order of the
+tensors in the header whose `parameters.binary_data_size` gives each one's length. Raw data is the
+V2 layout of `tidegate.schemas.tensors` (little-endian elements; BYTES as 4-byte length + bytes), so
+it passes between HTTP and Kafka without conversion.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.errors import MalformedRequestError
+from tidegate.gateway.http_errors import MalformedRequestError
 
 __all__ = ["HEADER_LENGTH", "BinarySection", "join_body", "split_body"]
 

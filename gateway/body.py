@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from gateway.errors import MalformedRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from tidegate.gateway.http_errors import (
+    MalformedRequestError,
+    PayloadTooLargeError,
+    UnsupportedMediaTypeError,
+)
 
 __all__ = ["ACCEPTED_MEDIA_TYPES", "read_body"]
 

@@ -22,24 +22,24 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import metrics
-from gateway.admission import Admission
-from gateway.binary import HEADER_LENGTH, split_body
-from gateway.body import read_body
-from gateway.errors import RequestNotFoundError
-from gateway.problems import error_problem
-from gateway.render import OutputPrefs, render_result
-from gateway.replies import ReplyRouter
-from gateway.services import GatewayServices
-from gateway.v2 import V2Request, input_records, parse_request, scalar_parameters
-from tidegate.errors import (
+from tidegate.clients.producer import PublishError, build_request
+from tidegate.core.errors import (
     InvalidInputError,
     ModelUnavailableError,
     ResultTimeoutError,
     TidegateError,
 )
-from tidegate.producer import PublishError, build_request
-from tidegate.settings import GatewaySettings
+from tidegate.gateway import http_metrics as metrics
+from tidegate.gateway.admission import Admission
+from tidegate.gateway.backends import GatewayServices
+from tidegate.gateway.binary import HEADER_LENGTH, split_body
+from tidegate.gateway.body import read_body
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.http_errors import RequestNotFoundError
+from tidegate.gateway.problems import error_problem
+from tidegate.gateway.replies import ReplyRouter
+from tidegate.gateway.responses import OutputPrefs, render_result
+from tidegate.gateway.v2 import V2Request, input_records, parse_request, scalar_parameters
 
 __all__ = ["REQUEST_TIMEOUT", "Inference", "location", "prefers_async"]
 

@@ -15,12 +15,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from gateway.errors import (
-    PayloadTooLargeError,
-    RequestNotFoundError,
-    UnsupportedMediaTypeError,
-)
-from tidegate.errors import (
+from tidegate.core.errors import (
     DeadlineExceededError,
     InvalidInputError,
     ModelExecutionError,
@@ -31,6 +26,11 @@ from tidegate.errors import (
     RetriableError,
     SerializationError,
     TidegateError,
+)
+from tidegate.gateway.http_errors import (
+    PayloadTooLargeError,
+    RequestNotFoundError,
+    UnsupportedMediaTypeError,
 )
 
 __all__ = [

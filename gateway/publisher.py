@@ -1,8 +1,8 @@
 """Publishing requests from the event loop, awaiting the broker's acknowledgement.
 
-`KafkaPublisher` builds on `tidegate.producer.TidegateProducer`. librdkafka's delivery reports
-are served by a small thread that polls the producer; each report settles its future on the loop
-with `call_soon_threadsafe`, so the loop never blocks on Kafka.
+`KafkaPublisher` builds on `tidegate.clients.producer.TidegateProducer`. librdkafka's delivery
+reports are served by a small thread that polls the producer; each report settles its future on the
+loop with `call_soon_threadsafe`, so the loop never blocks on Kafka.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from tidegate.errors import ConfigurationError
-from tidegate.kafka import make_admin
-from tidegate.producer import PublishError, TidegateProducer
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.clients.producer import PublishError, TidegateProducer
+from tidegate.core.errors import ConfigurationError
+from tidegate.core.kafka import make_admin
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 
 __all__ = ["KafkaPublisher", "RequestPublisher"]
 

@@ -20,12 +20,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from schemas.registry import SUPPORTED_SCHEMA_TYPES, BadRequestError, SchemaRegistry, SchemaVersion
-from tidegate.errors import (
+from tidegate.core.errors import (
     InvalidSchemaError,
     RegistryUnavailableError,
     SchemaRegistryError,
     TidegateError,
+)
+from tidegate.schemas.registry import (
+    SUPPORTED_SCHEMA_TYPES,
+    BadRequestError,
+    SchemaRegistry,
+    SchemaVersion,
 )
 
 __all__ = ["CONTENT_TYPE", "RegistryJSONResponse", "create_app", "http_status"]

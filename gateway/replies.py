@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from gateway import metrics
-from gateway.results import ResultStore
-from tidegate.errors import TidegateError
+from tidegate.core.errors import TidegateError
+from tidegate.gateway import http_metrics as metrics
+from tidegate.gateway.result_store import ResultStore
 
 __all__ = ["Deliver", "ReplyFeed", "ReplyRouter"]
 

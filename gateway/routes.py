@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tidegate
-from gateway.problems import problem
-from gateway.runtime import GatewayRuntime
+from tidegate.gateway.problems import problem
+from tidegate.gateway.replica import GatewayRuntime
 
 __all__ = ["EXTENSIONS", "router"]
 

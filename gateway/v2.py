@@ -1,9 +1,9 @@
 """Open Inference Protocol (V2) requests: the JSON model, and conversion into `Tensor` records.
 
-Input `data` may be flat or nested (row-major either way); BYTES elements are JSON strings. A
-tensor whose `parameters.binary_data_size` is set takes its raw bytes from the binary section of
-the body instead (`gateway.binary`). Every check names the field at fault: the signature check of
-`agents.signature` first (names, datatypes, shapes), then the data against its shape.
+Input `data` may be flat or nested (row-major either way); BYTES elements are JSON strings. A tensor
+whose `parameters.binary_data_size` is set takes its raw bytes from the binary section of the body
+instead (`tidegate.gateway.binary`). Every check names the field at fault: the signature check of
+`tidegate.schemas.signature` first (names, datatypes, shapes), then the data against its shape.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.signature import Signature, validate_inputs
-from agents.tensors import DATATYPES, encode_bytes_elements, to_numpy
-from gateway.binary import BinarySection
-from gateway.errors import MalformedRequestError
-from tidegate.errors import InvalidInputError
+from tidegate.core.errors import InvalidInputError
+from tidegate.gateway.binary import BinarySection
+from tidegate.gateway.http_errors import MalformedRequestError
+from tidegate.schemas.signature import Signature, validate_inputs
+from tidegate.schemas.tensors import DATATYPES, encode_bytes_elements, to_numpy
 
 __all__ = [
     "BINARY_DATA_SIZE",

@@ -1,6 +1,6 @@
 """Avro schemas of tidegate and the codec that speaks the Confluent wire format."""
 
-from schemas.catalog import (
+from tidegate.schemas.catalog import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
@@ -9,8 +9,8 @@ from schemas.catalog import (
     load_schema,
     topic_subjects,
 )
-from schemas.codec import AvroDecoder, AvroEncoder
-from schemas.wire import MAGIC_BYTE, pack, unpack
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
+from tidegate.schemas.wire import MAGIC_BYTE, pack, unpack
 
 __all__ = [
     "DEAD_LETTER_ENVELOPE",

@@ -20,7 +20,7 @@ from typing import Any
 
 import fastavro.schema
 
-from tidegate.settings import TopicSettings
+from tidegate.core.settings import TopicSettings
 
 __all__ = [
     "DEAD_LETTER_ENVELOPE",

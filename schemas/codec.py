@@ -6,7 +6,7 @@ They add what the hot path and dead-letter routing need:
 
 * writer schemas are fetched by id once and cached, parsed; records are read with the reader schema
   the decoder was built for, so an old writer is read by a new reader;
-* every failure is a typed `tidegate.errors.SerializationError` that tells a bad frame
+* every failure is a typed `tidegate.core.errors.SerializationError` that tells a bad frame
   (`WireFormatError`), an unknown schema id (`UnknownSchemaError`) and a body that does not match
   its schema (`SchemaMismatchError`) apart, so a poison pill is quarantined with the right reason.
 """
@@ -31,9 +31,7 @@ from confluent_kafka.schema_registry import (
 )
 from confluent_kafka.serialization import Deserializer, SerializationContext, Serializer
 
-from schemas.catalog import ProjectSchema
-from schemas.wire import pack, unpack
-from tidegate.errors import (
+from tidegate.core.errors import (
     RegistryUnavailableError,
     SchemaMismatchError,
     SchemaNotFoundError,
@@ -41,6 +39,8 @@ from tidegate.errors import (
     TidegateError,
     UnknownSchemaError,
 )
+from tidegate.schemas.catalog import ProjectSchema
+from tidegate.schemas.wire import pack, unpack
 
 __all__ = ["AvroDecoder", "AvroEncoder", "SubjectNameStrategy"]
 

@@ -19,14 +19,18 @@ from urllib.parse import quote
 
 import httpx
 
-from schemas.catalog import (
+from tidegate.core.errors import (
+    IncompatibleSchemaError,
+    InvalidSchemaError,
+    RegistryUnavailableError,
+)
+from tidegate.core.settings import SchemaRegistrySettings
+from tidegate.schemas.catalog import (
     EVENT_SUBJECT_COMPATIBILITY,
     SCHEMA_DIR,
     event_subjects,
     load_schema,
 )
-from tidegate.errors import IncompatibleSchemaError, InvalidSchemaError, RegistryUnavailableError
-from tidegate.settings import SchemaRegistrySettings
 
 __all__ = ["Outcome", "RegistryHttp", "register_all"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from tidegate.errors import WireFormatError
+from tidegate.core.errors import WireFormatError
 
 __all__ = ["HEADER_SIZE", "MAGIC_BYTE", "pack", "unpack"]
 

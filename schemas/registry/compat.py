@@ -20,9 +20,9 @@ from avro.compatibility import (
     schema_name_equals,
 )
 
-from schemas.registry.parsing import parse_schema
-from tidegate.errors import InvalidCompatibilityLevelError
-from tidegate.settings import COMPATIBILITY_LEVELS
+from tidegate.core.errors import InvalidCompatibilityLevelError
+from tidegate.core.settings import COMPATIBILITY_LEVELS
+from tidegate.schemas.registry.parsing import parse_schema
 
 __all__ = ["NEW_SCHEMA", "check_compatibility", "checked_level", "is_compatible"]
 

@@ -24,11 +24,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # NewTopic is
     ResourceType,
 )
 
-from schemas.registry.log import SchemaLog
-from schemas.registry.records import Record, encode_record
-from tidegate.errors import ConfigurationError, RegistryUnavailableError
-from tidegate.kafka import make_admin, make_consumer, make_producer
-from tidegate.settings import KafkaSettings, RegistryServerSettings
+from tidegate.core.errors import ConfigurationError, RegistryUnavailableError
+from tidegate.core.kafka import make_admin, make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings, RegistryServerSettings
+from tidegate.schemas.registry.log import SchemaLog
+from tidegate.schemas.registry.records import Record, encode_record
 
 __all__ = ["KafkaLog"]
 

@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from schemas.registry.records import Record, decode_record, encode_record
-from schemas.registry.state import RegistryState
-from tidegate.errors import RegistryUnavailableError
+from tidegate.core.errors import RegistryUnavailableError
+from tidegate.schemas.registry.records import Record, decode_record, encode_record
+from tidegate.schemas.registry.registry_state import RegistryState
 
 __all__ = ["MemoryLog", "SchemaLog"]
 

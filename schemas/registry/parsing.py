@@ -15,7 +15,7 @@ from typing import Any
 import avro.errors
 import avro.schema
 
-from tidegate.errors import InvalidSchemaError
+from tidegate.core.errors import InvalidSchemaError
 
 __all__ = ["AVRO", "SUPPORTED_SCHEMA_TYPES", "ParsedSchema", "identity_of", "parse_schema"]
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.registry.parsing import AVRO
+from tidegate.schemas.registry.parsing import AVRO
 
 __all__ = [
     "ConfigRecord",

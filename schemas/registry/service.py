@@ -10,30 +10,30 @@ from __future__ import annotations
 import threading
 from contextlib import AbstractContextManager
 
-from schemas.registry.compat import check_compatibility, checked_level
-from schemas.registry.errors import (
-    CompatibilityNotConfiguredError,
-    SchemaVersionNotSoftDeletedError,
-    SubjectNotSoftDeletedError,
-)
-from schemas.registry.log import SchemaLog
-from schemas.registry.parsing import AVRO, parse_schema
-from schemas.registry.records import (
-    ConfigRecord,
-    DeleteSubjectRecord,
-    Record,
-    SchemaRecord,
-    SchemaTombstone,
-)
-from schemas.registry.state import RegistryState, SchemaVersion
-from schemas.registry.versions import parse_version, resolve_version
-from tidegate.errors import (
+from tidegate.core.errors import (
     IncompatibleSchemaError,
     SchemaNotFoundError,
     SchemaVersionSoftDeletedError,
     SubjectNotFoundError,
     SubjectSoftDeletedError,
 )
+from tidegate.schemas.registry.compat import check_compatibility, checked_level
+from tidegate.schemas.registry.log import SchemaLog
+from tidegate.schemas.registry.parsing import AVRO, parse_schema
+from tidegate.schemas.registry.records import (
+    ConfigRecord,
+    DeleteSubjectRecord,
+    Record,
+    SchemaRecord,
+    SchemaTombstone,
+)
+from tidegate.schemas.registry.registry_errors import (
+    CompatibilityNotConfiguredError,
+    SchemaVersionNotSoftDeletedError,
+    SubjectNotSoftDeletedError,
+)
+from tidegate.schemas.registry.registry_state import RegistryState, SchemaVersion
+from tidegate.schemas.registry.versions import parse_version, resolve_version
 
 __all__ = ["SchemaRegistry"]
 

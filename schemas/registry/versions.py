@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from schemas.registry.state import RegistryState, SchemaVersion
-from tidegate.errors import InvalidVersionError, SubjectNotFoundError, VersionNotFoundError
+from tidegate.core.errors import InvalidVersionError, SubjectNotFoundError, VersionNotFoundError
+from tidegate.schemas.registry.registry_state import RegistryState, SchemaVersion
 
 __all__ = ["parse_version", "resolve_version"]
 

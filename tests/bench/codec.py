@@ -16,9 +16,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema
 from tests.support import unique
-from tidegate.settings import SchemaRegistrySettings
+from tidegate.core.settings import SchemaRegistrySettings
+from tidegate.schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema
 
 __all__ = ["run"]
 

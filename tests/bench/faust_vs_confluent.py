@@ -6,7 +6,7 @@ own consumer group:
 
 * `faust`: a faust-streaming agent (`async for event in stream.events()` -> `topic.send`), acks=all;
 * `confluent`: a bare confluent-kafka relay, `consume(num_messages=500)` -> `produce`, idempotent
-  acks=all producer from `tidegate.kafka` (the ceiling for a Python consumer);
+  acks=all producer from `tidegate.core.kafka` (the ceiling for a Python consumer);
 * `avro`: the confluent relay plus the codec work every worker must do: decode each request and
   encode a result-sized record (the floor of any Python worker on this wire format);
 * `tidegate`: the real worker hot path serving the fraud model (decode, batch, infer, encode,
@@ -56,7 +56,7 @@ def _request(i: int) -> dict[str, Any]:
 def _faust_relay(source: str, sink: str, group: str) -> None:
     import faust
 
-    from tidegate.settings import KafkaSettings
+    from tidegate.core.settings import KafkaSettings
 
     servers = KafkaSettings().bootstrap_servers.split(",")
     app = faust.App(
@@ -81,8 +81,8 @@ def _faust_relay(source: str, sink: str, group: str) -> None:
 
 
 def _confluent_relay(source: str, sink: str, group: str) -> None:
-    from tidegate.kafka import make_consumer, make_producer
-    from tidegate.settings import KafkaSettings
+    from tidegate.core.kafka import make_consumer, make_producer
+    from tidegate.core.settings import KafkaSettings
 
     kafka = KafkaSettings()
     consumer = make_consumer(kafka, group)
@@ -108,10 +108,16 @@ def _avro_relay(source: str, sink: str, group: str) -> None:
     import numpy as np
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from agents.tensors import from_numpy
-    from schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder, load_schema
-    from tidegate.kafka import make_consumer, make_producer
-    from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+    from tidegate.core.kafka import make_consumer, make_producer
+    from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+    from tidegate.schemas import (
+        INFERENCE_REQUEST,
+        INFERENCE_RESULT,
+        AvroDecoder,
+        AvroEncoder,
+        load_schema,
+    )
+    from tidegate.schemas.tensors import from_numpy
 
     kafka = KafkaSettings()
     registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
@@ -162,7 +168,7 @@ def _tidegate_worker(source: str, sink: str, group: str) -> None:
             "TIDEGATE_WORKER_METRICS_PORT": "0",
         }
     )
-    from tidegate.cli.worker import worker
+    from tidegate.cli.serve_worker import worker
 
     worker(None, None, None, None, None)
 
@@ -172,8 +178,8 @@ def _output_rate(topic: str, count: int, timeout: float, proc: subprocess.Popen[
     from confluent_kafka import TopicPartition
 
     from tests.support import unique
-    from tidegate.kafka import make_consumer
-    from tidegate.settings import KafkaSettings
+    from tidegate.core.kafka import make_consumer
+    from tidegate.core.settings import KafkaSettings
 
     consumer = make_consumer(KafkaSettings(), unique("bench-reader"))
     try:
@@ -203,7 +209,7 @@ def _output_rate(topic: str, count: int, timeout: float, proc: subprocess.Popen[
 
 
 def _has_fraud_model() -> bool:
-    from tidegate.settings import ModelSettings
+    from tidegate.models.model_settings import ModelSettings
 
     return (ModelSettings().store_dir / "manifests" / "fraud").exists()
 
@@ -218,12 +224,12 @@ def run(
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from schemas import INFERENCE_REQUEST, AvroEncoder, load_schema
-    from schemas.catalog import topic_subjects
-    from schemas.registration import RegistryHttp, register_all
     from tests.support import unique
-    from tidegate.kafka import make_admin, make_producer
-    from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+    from tidegate.core.kafka import make_admin, make_producer
+    from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+    from tidegate.schemas import INFERENCE_REQUEST, AvroEncoder, load_schema
+    from tidegate.schemas.catalog import topic_subjects
+    from tidegate.schemas.registration import RegistryHttp, register_all
 
     kafka, registry_settings = KafkaSettings(), SchemaRegistrySettings()
     admin = make_admin(kafka)

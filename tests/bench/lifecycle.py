@@ -20,28 +20,28 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from lifecycle import events as ev
-from lifecycle.log import LifecycleLog
-from lifecycle.routing import RoutingTable
-from lifecycle.state import fold
-from lifecycle.store import EventStore
-from schemas import (
+from tests.bench.codec import _record
+from tests.support import unique
+from tidegate.core.db import migrate
+from tidegate.core.kafka import make_admin
+from tidegate.core.settings import (
+    KafkaSettings,
+    PostgresSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.lifecycle.domain.state import fold
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.schemas import (
     INFERENCE_REQUEST,
     MODEL_LIFECYCLE_EVENT,
     AvroDecoder,
     AvroEncoder,
     load_schema,
-)
-from tests.bench.codec import _record
-from tests.support import unique
-from tidegate.db import migrate
-from tidegate.kafka import make_admin
-from tidegate.settings import (
-    KafkaSettings,
-    LifecycleSettings,
-    PostgresSettings,
-    SchemaRegistrySettings,
-    TopicSettings,
 )
 
 __all__ = ["run"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from tests.support import unique
 from tidegate.cli.demo import TEXTS, fraud_body, fraud_record, minilm_body, minilm_record
-from tidegate.loadgen import KafkaLoad, LoadResult, http_load
+from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 
 __all__ = ["run"]
 
@@ -36,9 +36,9 @@ RATES = {
 
 def model_limit(model: str) -> tuple[float, int]:
     """Best rows/s of the in-process runtime over batch sizes, and the batch size that gave it."""
-    from agents.runtime import load_package
-    from agents.store import LocalArtifactStore
-    from tidegate.settings import ModelSettings
+    from tidegate.models.model_settings import ModelSettings
+    from tidegate.models.runtime import load_package
+    from tidegate.models.store import LocalArtifactStore
 
     settings = ModelSettings()
 
@@ -68,8 +68,8 @@ def transport_limit(count: int = 40_000) -> float:
     """Messages/s of a bare consume->produce relay of request-sized records."""
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-    from tidegate.kafka import make_admin, make_consumer, make_producer
-    from tidegate.settings import KafkaSettings
+    from tidegate.core.kafka import make_admin, make_consumer, make_producer
+    from tidegate.core.settings import KafkaSettings
 
     kafka = KafkaSettings()
     admin = make_admin(kafka)
@@ -147,8 +147,8 @@ def _wait_group_settled(group: str, members: int, timeout_s: float = 60.0) -> No
     revoked from one worker reach the other a heartbeat later), not the pipeline."""
     from confluent_kafka import ConsumerGroupState
 
-    from tidegate.kafka import make_admin
-    from tidegate.settings import KafkaSettings
+    from tidegate.core.kafka import make_admin
+    from tidegate.core.settings import KafkaSettings
 
     admin = make_admin(KafkaSettings())
     deadline = time.monotonic() + timeout_s
@@ -162,8 +162,9 @@ def _wait_group_settled(group: str, members: int, timeout_s: float = 60.0) -> No
 
 
 def run() -> None:
-    from tidegate.procs import spawn, stop_recorded, wait_http
-    from tidegate.settings import GatewaySettings, WorkerSettings
+    from tidegate.agents.worker_settings import WorkerSettings
+    from tidegate.cli.procs import spawn, stop_recorded, wait_http
+    from tidegate.gateway.gateway_settings import GatewaySettings
 
     print("\npipeline: model limit")
     limits = {m: model_limit(m) for m in ("fraud", "minilm")}
@@ -179,7 +180,7 @@ def run() -> None:
     from rich.console import Console
 
     from tidegate.cli.demo_lifecycle import bootstrap
-    from tidegate.settings import ModelSettings
+    from tidegate.models.model_settings import ModelSettings
 
     bootstrap(ModelSettings().store_dir.parent / "packages", Console())
     gw = GatewaySettings()

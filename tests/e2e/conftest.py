@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import free_port, unique
-from tidegate.db import migrate
-from tidegate.procs import Child, spawn, wait_http
-from tidegate.settings import PostgresSettings
+from tidegate.cli.procs import Child, spawn, wait_http
+from tidegate.core.db import migrate
+from tidegate.core.settings import PostgresSettings
 
 # Every served example model, registered from the packages `tidegate models build` exports and
 # promoted before the workers start.

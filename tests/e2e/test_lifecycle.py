@@ -17,17 +17,18 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from agents.tensors import from_numpy
 from tests.e2e.conftest import Pipeline
 from tests.support import unique, wait_for
-from tidegate.loadgen import KafkaLoad, LoadResult
-from tidegate.settings import ModelSettings, TopicSettings
+from tidegate.clients.loadgen import KafkaLoad, LoadResult
+from tidegate.core.settings import TopicSettings
+from tidegate.models.model_settings import ModelSettings
+from tidegate.schemas.tensors import from_numpy
 
 RNG = np.random.default_rng(11)
 
 
 def _session(version: str) -> ort.InferenceSession:
-    from agents.store import LocalArtifactStore
+    from tidegate.models.store import LocalArtifactStore
 
     package = asyncio.run(LocalArtifactStore(ModelSettings()).fetch("fraud", version))
     return ort.InferenceSession(

@@ -16,8 +16,12 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from agents.tensors import from_numpy
-from schemas import (
+from tests.e2e.conftest import Pipeline
+from tests.support import unique, wait_for
+from tidegate.core.kafka import consume_ready, make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
+from tidegate.models.model_settings import ModelSettings
+from tidegate.schemas import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
@@ -25,10 +29,7 @@ from schemas import (
     AvroEncoder,
     load_schema,
 )
-from tests.e2e.conftest import Pipeline
-from tests.support import unique, wait_for
-from tidegate.kafka import consume_ready, make_consumer, make_producer
-from tidegate.settings import KafkaSettings, ModelSettings, SchemaRegistrySettings
+from tidegate.schemas.tensors import from_numpy
 
 RNG = np.random.default_rng(7)
 
@@ -38,7 +39,7 @@ def _registry() -> SchemaRegistryClient:
 
 
 def _fraud_session() -> ort.InferenceSession:
-    from agents.store import LocalArtifactStore
+    from tidegate.models.store import LocalArtifactStore
 
     package = asyncio.run(LocalArtifactStore(ModelSettings()).fetch("fraud", "1"))
     return ort.InferenceSession(

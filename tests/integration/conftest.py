@@ -18,15 +18,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.integration.fakes import FakeWorker
 from tests.support import unique
-from tidegate.db import make_pool, migrate
-from tidegate.kafka import make_admin
-from tidegate.settings import (
+from tidegate.core.db import make_pool, migrate
+from tidegate.core.kafka import make_admin
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,9 +111,9 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exported from the real store and built there first if needed."""
     import asyncio
 
-    from agents.models import build_models
-    from agents.store import LocalArtifactStore
-    from tidegate.settings import ModelSettings
+    from tidegate.examples import build_models
+    from tidegate.models.model_settings import ModelSettings
+    from tidegate.models.store import LocalArtifactStore
 
     store = LocalArtifactStore(ModelSettings(store_dir=REPO / "var" / "models"))
     root = tmp_path_factory.mktemp("packages")
@@ -126,8 +126,8 @@ def lifecycle_topic(
     new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
 ) -> str:
     """A lifecycle topic of the test's own, its envelope registered."""
-    from schemas import MODEL_LIFECYCLE_EVENT
-    from schemas.registration import RegistryHttp, register_all
+    from tidegate.schemas import MODEL_LIFECYCLE_EVENT
+    from tidegate.schemas.registration import RegistryHttp, register_all
 
     topic = new_topic("lifecycle")
     with RegistryHttp(registry_settings) as http:

@@ -11,13 +11,19 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder, load_schema
-from schemas.registration import RegistryHttp, register_all
 from tests.support import unique
 from tests.unit.gateway_harness import compute
-from tidegate.kafka import make_consumer, make_producer
-from tidegate.producer import request_key
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.clients.producer import request_key
+from tidegate.core.kafka import make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.schemas import (
+    INFERENCE_REQUEST,
+    INFERENCE_RESULT,
+    AvroDecoder,
+    AvroEncoder,
+    load_schema,
+)
+from tidegate.schemas.registration import RegistryHttp, register_all
 
 __all__ = ["FakeWorker", "register_subjects"]
 

@@ -23,17 +23,18 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from lifecycle.events import (
+from tidegate.core.db import make_pool
+from tidegate.core.settings import KafkaSettings, PostgresSettings
+from tidegate.lifecycle.domain.events import (
     ModelRegistered,
     NewEvent,
     RecordedEvent,
     payload_from_dict,
     payload_to_dict,
 )
-from lifecycle.outbox import OutboxRelay
-from lifecycle.store import EventStore
-from tidegate.db import make_pool
-from tidegate.settings import KafkaSettings, LifecycleSettings, PostgresSettings
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.eventstore.outbox import OutboxRelay
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 __all__ = ["CRASH_EXIT", "decode_json", "encode_json", "main"]
 

@@ -17,24 +17,24 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from agents.store import LocalArtifactStore
-from gateway.admin import install_admin, lifecycle_admin
-from gateway.app import create_app
-from gateway.problems import PROBLEM_JSON
-from lifecycle import events as ev
-from lifecycle.commands import LifecycleCommands
-from lifecycle.log import LifecycleLog
-from lifecycle.store import EventStore
 from tests.support import free_port
 from tests.unit.gateway_harness import Harness
-from tidegate.settings import (
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
-    ModelSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.gateway.admin import install_admin, lifecycle_admin
+from tidegate.gateway.app import create_app
+from tidegate.gateway.problems import PROBLEM_JSON
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.lifecycle.operations.commands import LifecycleCommands
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.store import LocalArtifactStore
 
 
 @pytest.fixture

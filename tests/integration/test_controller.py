@@ -22,12 +22,6 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg_pool import AsyncConnectionPool
 
-from lifecycle import events as ev
-from lifecycle.codec import LifecycleCodec
-from lifecycle.service import LOCK_NAME, ControllerConfig, ControllerService
-from lifecycle.store import EventStore
-from schemas.catalog import MODEL_LIFECYCLE_EVENT
-from schemas.registration import RegistryHttp, register_all
 from tests.integration.test_indexer import (
     ResultPublisher,
     make_result,
@@ -36,15 +30,21 @@ from tests.integration.test_indexer import (
 )
 from tests.integration.test_retention import compared, request_ids, served
 from tests.support import unique
-from tidegate.db import make_pool
-from tidegate.kafka import make_consumer
-from tidegate.settings import (
+from tidegate.core.db import make_pool
+from tidegate.core.kafka import make_consumer
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.lifecycle.control.process import LOCK_NAME, ControllerConfig, ControllerService
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
+from tidegate.schemas.registration import RegistryHttp, register_all
 
 Pool = AsyncConnectionPool[Any]
 REPO = Path(__file__).resolve().parents[2]

@@ -11,13 +11,13 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from lifecycle import events as ev
-from lifecycle import projections
-from lifecycle.state import VersionStatus
-from lifecycle.store import EventStore
 from tests.support import free_port
-from tidegate.errors import ConcurrencyConflictError, LifecycleError, LifecycleUnavailableError
-from tidegate.settings import PostgresSettings
+from tidegate.core.errors import ConcurrencyConflictError, LifecycleError, LifecycleUnavailableError
+from tidegate.core.settings import PostgresSettings
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import VersionStatus
+from tidegate.lifecycle.eventstore import projections
+from tidegate.lifecycle.eventstore.event_store import EventStore
 
 Pool = AsyncConnectionPool[Any]
 

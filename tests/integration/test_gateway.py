@@ -25,29 +25,29 @@ import tritonclient.http as httpclient
 import uvicorn
 from tritonclient.utils import InferenceServerException
 
-from agents.store import LocalArtifactStore
-from gateway.app import create_app
-from gateway.lease import lease_key
-from gateway.runtime import GatewayRuntime
-from gateway.services import GatewayConfig
-from lifecycle import events as ev
-from lifecycle.events import NewEvent
-from lifecycle.log import LifecycleLog
-from schemas import MODEL_LIFECYCLE_EVENT
-from schemas.registration import RegistryHttp, register_all
 from tests.integration.fakes import FakeWorker, register_subjects
 from tests.support import unique, wait_for
 from tests.unit.gateway_harness import ECHO, FRAUD, manifest
-from tidegate.settings import (
-    GatewaySettings,
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
-    ModelSettings,
     PostgresSettings,
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.gateway.app import create_app
+from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.lease import lease_key
+from tidegate.gateway.replica import GatewayRuntime
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.events import NewEvent
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.store import LocalArtifactStore
+from tidegate.schemas import MODEL_LIFECYCLE_EVENT
+from tidegate.schemas.registration import RegistryHttp, register_all
 
 
 class GatewayServer:

@@ -18,23 +18,23 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from lifecycle.codec import ShadowComparisonCodec
-from lifecycle.indexer import Indexer, seed_windows
-from lifecycle.lineage import served, shadow_stats
-from lifecycle.windows import LiveWindows
-from schemas.catalog import INFERENCE_RESULT, SHADOW_COMPARISON, load_schema
-from schemas.codec import AvroEncoder
-from schemas.registration import RegistryHttp, register_all
 from tests.support import unique
-from tidegate.db import make_pool, migrate
-from tidegate.kafka import make_producer
-from tidegate.settings import (
+from tidegate.core.db import make_pool, migrate
+from tidegate.core.kafka import make_producer
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.lifecycle.control.indexer import Indexer, seed_windows
+from tidegate.lifecycle.domain.windows import LiveWindows
+from tidegate.lifecycle.eventstore.event_codec import ShadowComparisonCodec
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.lifecycle.readmodels.lineage import served, shadow_stats
+from tidegate.schemas.catalog import INFERENCE_RESULT, SHADOW_COMPARISON, load_schema
+from tidegate.schemas.codec import AvroEncoder
+from tidegate.schemas.registration import RegistryHttp, register_all
 
 __all__ = ["ResultPublisher", "make_result", "poll", "register_lineage_subjects"]
 

@@ -25,26 +25,27 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from typer.testing import CliRunner, Result
 
-from agents.store import LocalArtifactStore
-from lifecycle import events as ev
-from lifecycle.codec import LifecycleCodec
-from lifecycle.commands import LifecycleCommands
-from lifecycle.register import import_package, read_package
-from lifecycle.state import ModelState
-from lifecycle.store import EventStore
 from tests.support import unique, wait_for
-from tidegate.cli import models, served
-from tidegate.db import make_pool
-from tidegate.errors import ConcurrencyConflictError
-from tidegate.kafka import make_consumer
-from tidegate.settings import (
+from tidegate.cli import model_commands as models
+from tidegate.cli import served
+from tidegate.core.db import make_pool
+from tidegate.core.errors import ConcurrencyConflictError
+from tidegate.core.kafka import make_consumer
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
-    ModelSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState
+from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.lifecycle.operations.commands import LifecycleCommands
+from tidegate.lifecycle.operations.register import import_package, read_package
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.store import LocalArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
 

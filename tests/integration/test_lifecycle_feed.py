@@ -10,19 +10,19 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lifecycle import events as ev
-from lifecycle.codec import LifecycleCodec
-from lifecycle.feed import LifecycleFeed
-from lifecycle.routing import RoutingTable
-from lifecycle.state import ModelState, fold
-from schemas.catalog import topic_subjects
-from schemas.registration import RegistryHttp, register_all
-from schemas.wire import pack
 from tests.support import unique
 from tests.unit.lifecycle_events import recorded, registered_and_validated
-from tidegate.errors import LifecycleUnavailableError
-from tidegate.kafka import make_producer
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.errors import LifecycleUnavailableError
+from tidegate.core.kafka import make_producer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.lifecycle.domain.state import ModelState, fold
+from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
+from tidegate.lifecycle.readmodels.feed import LifecycleFeed
+from tidegate.schemas.catalog import topic_subjects
+from tidegate.schemas.registration import RegistryHttp, register_all
+from tidegate.schemas.wire import pack
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ async def test_replay_dedupes_skips_poison_reports_gaps_and_notifies(
     publish(producer, topics.lifecycle, encoded(minilm + gappy + fraud[:2]))
     publish(producer, topics.lifecycle, [("x", pack(1_999_999_999, b"\x02"))])  # unknown id
 
-    caplog.set_level(logging.INFO, logger="lifecycle.feed")
+    caplog.set_level(logging.INFO, logger="tidegate.lifecycle.readmodels.feed")
     feed.start()
     await feed.caught_up(30)
     # caught_up means everything published before start is applied: no polling needed.

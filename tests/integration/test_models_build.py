@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from agents.models import build_models
-from agents.models.fraud import FAULT_BELOW, TRAIN_ROWS, dataset
-from agents.runtime import load_package
-from agents.runtime.base import ModelRuntime
-from agents.store import LocalArtifactStore
-from tidegate.cli.models import app
-from tidegate.errors import ModelExecutionError
-from tidegate.settings import ModelSettings
+from tidegate.cli.model_commands import app
+from tidegate.core.errors import ModelExecutionError
+from tidegate.examples import build_models
+from tidegate.examples.fraud import FAULT_BELOW, TRAIN_ROWS, dataset
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.runtime import load_package
+from tidegate.models.runtime.contract import ModelRuntime
+from tidegate.models.store import LocalArtifactStore
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {

@@ -19,24 +19,24 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg_pool import AsyncConnectionPool
 
-from lifecycle import events as ev
-from lifecycle.codec import LifecycleCodec
-from lifecycle.feed import LifecycleFeed
-from lifecycle.log import LifecycleLog
-from lifecycle.outbox import OutboxRelay
-from lifecycle.state import ModelState, apply
-from lifecycle.store import EventStore
 from tests.integration.outbox_crash import CRASH_EXIT, decode_json, encode_json
 from tests.support import free_port, unique, wait_for
-from tidegate.errors import LifecycleUnavailableError
-from tidegate.kafka import make_consumer
-from tidegate.settings import (
+from tidegate.core.errors import LifecycleUnavailableError
+from tidegate.core.kafka import make_consumer
+from tidegate.core.settings import (
     KafkaSettings,
-    LifecycleSettings,
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState, apply
+from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.eventstore.outbox import OutboxRelay
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.lifecycle.readmodels.feed import LifecycleFeed
 
 ROOT = Path(__file__).resolve().parents[2]
 Pool = AsyncConnectionPool[Any]

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from tests.integration.fakes import FakeWorker, register_subjects
-from tidegate.errors import ResultTimeoutError
-from tidegate.producer import TidegateProducer
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.clients.producer import TidegateProducer
+from tidegate.core.errors import ResultTimeoutError
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 
 PRODUCE = "import typer; from tidegate.cli.produce import produce; typer.run(produce)"
 

@@ -9,12 +9,12 @@ from typing import Any
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from lifecycle import events as ev
-from lifecycle import projections
-from lifecycle.projections import Projections
-from lifecycle.state import ModelState
-from lifecycle.store import EventStore
-from lifecycle.views import Routing
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState
+from tidegate.lifecycle.domain.views import Routing
+from tidegate.lifecycle.eventstore import projections
+from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.eventstore.projections import Projections
 
 Pool = AsyncConnectionPool[Any]
 

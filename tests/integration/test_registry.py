@@ -35,8 +35,8 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.support import unique, wait_for
-from tidegate.kafka import make_consumer, make_producer
-from tidegate.settings import KafkaSettings
+from tidegate.core.kafka import make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

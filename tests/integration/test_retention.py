@@ -7,7 +7,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from lifecycle.retention import prune
+from tidegate.lifecycle.control.retention import prune
 
 Pool = AsyncConnectionPool[Any]
 

@@ -15,9 +15,6 @@ import numpy as np
 from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lifecycle import events as ev
-from lifecycle.codec import ShadowComparisonCodec
-from lifecycle.routing import RoutingTable
 from tests.integration import workers
 from tests.integration.workers import (
     Reader,
@@ -30,8 +27,11 @@ from tests.integration.workers import (
     tiny_softmax,
 )
 from tests.support import unique, wait_for
-from tidegate.kafka import make_consumer
-from tidegate.settings import ModelSettings
+from tidegate.core.kafka import make_consumer
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.lifecycle.eventstore.event_codec import ShadowComparisonCodec
+from tidegate.models.model_settings import ModelSettings
 
 # The worker tests' fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
 models = workers.models

@@ -15,14 +15,14 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema, pack, unpack
-from schemas.catalog import SCHEMA_DIR, SHADOW_COMPARISON, event_subjects
-from schemas.registration import RegistryHttp
 from tests.support import unique, wait_for
 from tests.unit.test_codec import SAMPLES
-from tidegate.errors import SchemaMismatchError, UnknownSchemaError, WireFormatError
-from tidegate.kafka import make_consumer, make_producer
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings
+from tidegate.core.errors import SchemaMismatchError, UnknownSchemaError, WireFormatError
+from tidegate.core.kafka import make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
+from tidegate.schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema, pack, unpack
+from tidegate.schemas.catalog import SCHEMA_DIR, SHADOW_COMPARISON, event_subjects
+from tidegate.schemas.registration import RegistryHttp
 
 TIDEGATE = [sys.executable, "-m", "tidegate.cli"]
 

@@ -26,7 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from tests.support import wait_for
-from tidegate.settings import PostgresSettings, RedisSettings, TopicSettings
+from tidegate.core.settings import PostgresSettings, RedisSettings, TopicSettings
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = ["bash", str(REPO / "infra" / "stack.sh")]

@@ -22,10 +22,6 @@ from typing import Any
 import numpy as np
 from confluent_kafka import TopicPartition
 
-from agents.assembly import WorkerConfig, running_worker
-from agents.loaded import LoadedModel
-from agents.runtime.base import Arrays, ModelRuntime
-from lifecycle import events as ev
 from tests.integration import workers
 from tests.integration.workers import (
     ROOT,
@@ -39,12 +35,14 @@ from tests.integration.workers import (
     running,
 )
 from tests.support import free_port, unique, wait_for
-from tidegate.errors import ModelExecutionError
-from tidegate.kafka import make_consumer
-from tidegate.settings import (
-    ModelSettings,
-    WorkerSettings,
-)
+from tidegate.agents.assembly import WorkerConfig, running_worker
+from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.core.errors import ModelExecutionError
+from tidegate.core.kafka import make_consumer
+from tidegate.lifecycle.domain import events as ev
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.runtime.contract import Arrays, ModelRuntime
 
 # The shared fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
 models = workers.models

@@ -23,15 +23,25 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from agents.assembly import RunningWorker, WorkerConfig, running_worker
-from agents.loaded import ModelLoader
-from agents.manifest import Manifest
-from agents.signature import Signature, TensorSpec
-from agents.store import LocalArtifactStore
-from lifecycle import events as ev
-from lifecycle.events import NewEvent
-from lifecycle.log import LifecycleLog
-from schemas import (
+from tests.support import unique, wait_for
+from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
+from tidegate.agents.loaded import ModelLoader
+from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.core.kafka import make_consumer, make_producer
+from tidegate.core.settings import (
+    KafkaSettings,
+    PostgresSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.events import NewEvent
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.models.manifest import Manifest
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.store import LocalArtifactStore
+from tidegate.schemas import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
@@ -39,19 +49,9 @@ from schemas import (
     AvroEncoder,
     load_schema,
 )
-from schemas.catalog import topic_subjects
-from schemas.registration import RegistryHttp, register_all
-from tests.support import unique, wait_for
-from tidegate.kafka import make_consumer, make_producer
-from tidegate.settings import (
-    KafkaSettings,
-    LifecycleSettings,
-    ModelSettings,
-    PostgresSettings,
-    SchemaRegistrySettings,
-    TopicSettings,
-    WorkerSettings,
-)
+from tidegate.schemas.catalog import topic_subjects
+from tidegate.schemas.registration import RegistryHttp, register_all
+from tidegate.schemas.signature import Signature, TensorSpec
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]

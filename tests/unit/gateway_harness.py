@@ -18,23 +18,24 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.manifest import Manifest
-from agents.signature import Signature, TensorSpec
-from agents.tensors import from_numpy, to_numpy
-from gateway.app import create_app
-from gateway.models import ModelCatalog
-from gateway.publisher import RequestPublisher
-from gateway.replies import Deliver, ReplyFeed
-from gateway.results import ResultStore, StoredRequest
-from gateway.services import GatewayConfig, GatewayServices
-from lifecycle import events as ev
-from lifecycle.state import ModelState
-from schemas import INFERENCE_RESULT, load_schema
 from tests.support import wait_for
 from tests.unit.test_service import lifecycle_state, registered
-from tidegate.errors import ModelNotFoundError
-from tidegate.producer import PublishError
-from tidegate.settings import GatewaySettings, ModelSettings
+from tidegate.clients.producer import PublishError
+from tidegate.core.errors import ModelNotFoundError
+from tidegate.gateway.app import create_app
+from tidegate.gateway.backends import GatewayConfig, GatewayServices
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.model_catalog import ModelCatalog
+from tidegate.gateway.publisher import RequestPublisher
+from tidegate.gateway.replies import Deliver, ReplyFeed
+from tidegate.gateway.result_store import ResultStore, StoredRequest
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState
+from tidegate.models.manifest import Manifest
+from tidegate.models.model_settings import ModelSettings
+from tidegate.schemas import INFERENCE_RESULT, load_schema
+from tidegate.schemas.signature import Signature, TensorSpec
+from tidegate.schemas.tensors import from_numpy, to_numpy
 
 RESULT_SCHEMA = load_schema(INFERENCE_RESULT).parsed
 FRAUD = Signature(

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from lifecycle import events as ev
+from tidegate.lifecycle.domain import events as ev
 
 __all__ = ["T0", "at", "recorded", "registered_and_validated"]
 

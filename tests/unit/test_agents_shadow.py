@@ -14,17 +14,6 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import REGISTRY
 
-from agents.batching import BatchQueue
-from agents.compare import compare, guess_task, task_of
-from agents.loaded import LoadedModel, ModelCache
-from agents.manifest import Manifest, ModelPackage
-from agents.runtime.base import Arrays, ModelRuntime
-from agents.service import InferenceService
-from agents.shadow import ShadowRunner
-from agents.signature import Signature, TensorSpec
-from agents.tasks import InferenceTask
-from agents.versions import VersionManager
-from lifecycle import events as ev
 from tests.unit.test_service import (
     SIGNATURE,
     FakeRuntime,
@@ -35,7 +24,18 @@ from tests.unit.test_service import (
     task,
     until,
 )
-from tidegate.errors import ModelExecutionError
+from tidegate.agents.batching import BatchQueue
+from tidegate.agents.compare import compare, guess_task, task_of
+from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.loaded import LoadedModel, ModelCache
+from tidegate.agents.shadow import ShadowRunner
+from tidegate.agents.version_manager import VersionManager
+from tidegate.core.errors import ModelExecutionError
+from tidegate.lifecycle.domain import events as ev
+from tidegate.models.manifest import Manifest, ModelPackage
+from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.signature import Signature, TensorSpec
 
 Record = dict[str, Any]
 

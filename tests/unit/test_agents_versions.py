@@ -7,14 +7,6 @@ from typing import Any
 
 import numpy.typing as npt
 
-from agents import metrics
-from agents.loaded import LoadedModel, ModelCache
-from agents.manifest import ModelPackage
-from agents.runtime.base import Arrays, ModelRuntime
-from agents.service import InferenceService
-from agents.versions import Report, VersionManager
-from lifecycle import events as ev
-from lifecycle.routing import RoutingTable
 from tests.unit.test_service import (
     SIGNATURE,
     Reports,
@@ -25,6 +17,14 @@ from tests.unit.test_service import (
     task,
     until,
 )
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.loaded import LoadedModel, ModelCache
+from tidegate.agents.version_manager import Report, VersionManager
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.models.manifest import ModelPackage
+from tidegate.models.runtime.contract import Arrays, ModelRuntime
 
 WORKER = "w-test"
 

@@ -10,14 +10,14 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from agents.batching import (
+from tidegate.agents.batching import (
     BatchQueue,
     BatchResultCountError,
     PartitionBatcher,
     QueueClosedError,
 )
-from agents.metrics import PrometheusBatchObserver
-from tidegate.settings import WorkerSettings
+from tidegate.agents.worker_metrics import PrometheusBatchObserver
+from tidegate.agents.worker_settings import WorkerSettings
 
 
 class Recorder:

@@ -1,4 +1,5 @@
-"""The canary policy (`lifecycle.controller.decide`), its runner, and the live windows it reads."""
+"""The canary policy (`tidegate.lifecycle.control.canary.decide`), its runner, and the live windows
+it reads."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from lifecycle import events as ev
-from lifecycle.controller import CanaryController, Thresholds, decide, wilson_lower
-from lifecycle.state import ModelState, fold
-from lifecycle.windows import LiveWindows, ResultSample, WindowStats, is_error, percentile
 from tests.unit.lifecycle_events import at
 from tests.unit.lifecycle_events import recorded as events_at
-from tidegate.errors import ConcurrencyConflictError
-from tidegate.settings import LifecycleSettings
+from tidegate.core.errors import ConcurrencyConflictError
+from tidegate.lifecycle.control.canary import CanaryController, Thresholds, decide, wilson_lower
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState, fold
+from tidegate.lifecycle.domain.windows import (
+    LiveWindows,
+    ResultSample,
+    WindowStats,
+    is_error,
+    percentile,
+)
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 SETTINGS = LifecycleSettings(
     canary_max_error_rate=0.05,

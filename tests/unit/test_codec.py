@@ -16,7 +16,16 @@ from confluent_kafka.schema_registry._sync.mock_schema_registry_client import (
 )
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from schemas import (
+from tests.support import unique
+from tidegate.core.errors import (
+    SchemaMismatchError,
+    SchemaNotFoundError,
+    SerializationError,
+    SubjectNotFoundError,
+    UnknownSchemaError,
+    WireFormatError,
+)
+from tidegate.schemas import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
@@ -27,16 +36,7 @@ from schemas import (
     pack,
     unpack,
 )
-from schemas.catalog import SCHEMA_DIR, ProjectSchema
-from tests.support import unique
-from tidegate.errors import (
-    SchemaMismatchError,
-    SchemaNotFoundError,
-    SerializationError,
-    SubjectNotFoundError,
-    UnknownSchemaError,
-    WireFormatError,
-)
+from tidegate.schemas.catalog import SCHEMA_DIR, ProjectSchema
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
 

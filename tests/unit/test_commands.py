@@ -6,13 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from lifecycle import decide
-from lifecycle import events as ev
-from lifecycle.parse import parse_at, parse_steps, parse_weights
-from lifecycle.render import state_view, version_lineage
-from lifecycle.state import ModelState, fold
 from tests.unit.lifecycle_events import recorded, registered_and_validated
-from tidegate.errors import InvalidTransitionError, ModelNotFoundError, PromotionGateError
+from tidegate.core.errors import InvalidTransitionError, ModelNotFoundError, PromotionGateError
+from tidegate.lifecycle.domain import decide
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.parse import parse_at, parse_steps, parse_weights
+from tidegate.lifecycle.domain.render import state_view, version_lineage
+from tidegate.lifecycle.domain.state import ModelState, fold
 
 
 def _state(*payloads: ev.Payload) -> ModelState:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from lifecycle import events as ev
-from lifecycle.commands import LifecycleCommands
-from lifecycle.state import ModelState, fold
 from tests.unit.lifecycle_events import recorded, registered_and_validated
-from tidegate.errors import ConcurrencyConflictError
-from tidegate.settings import LifecycleSettings
+from tidegate.core.errors import ConcurrencyConflictError
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState, fold
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.lifecycle.operations.commands import LifecycleCommands
 
 
 class RacingStore:

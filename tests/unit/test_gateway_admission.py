@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from gateway.admission import Admission
-from gateway.publisher import KafkaPublisher
-from gateway.replies import ReplyRouter
 from tests.unit.gateway_harness import MemoryStore
-from tidegate.errors import OverloadedError
-from tidegate.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.errors import OverloadedError
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.gateway.admission import Admission
+from tidegate.gateway.publisher import KafkaPublisher
+from tidegate.gateway.replies import ReplyRouter
 
 
 def test_admission_sheds_past_the_limit() -> None:

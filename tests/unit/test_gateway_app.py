@@ -19,7 +19,6 @@ import tritonclient.http as httpclient
 from fastapi.testclient import TestClient
 from tritonclient.http._utils import _get_inference_request
 
-from lifecycle import events as ev
 from tests.support import wait_for
 from tests.unit import gateway_harness
 from tests.unit.gateway_harness import (
@@ -30,6 +29,7 @@ from tests.unit.gateway_harness import (
     problem_of,
 )
 from tests.unit.test_service import lifecycle_state, registered
+from tidegate.lifecycle.domain import events as ev
 
 harness = gateway_harness.harness
 client = gateway_harness.client

@@ -9,12 +9,12 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
-from agents.signature import Signature, TensorSpec
-from agents.tensors import from_numpy, to_numpy
-from gateway.binary import HEADER_LENGTH, BinarySection, join_body, split_body
-from gateway.errors import MalformedRequestError
-from gateway.render import OutputPrefs, v2_response
-from gateway.v2 import input_records, parse_request
+from tidegate.gateway.binary import HEADER_LENGTH, BinarySection, join_body, split_body
+from tidegate.gateway.http_errors import MalformedRequestError
+from tidegate.gateway.responses import OutputPrefs, v2_response
+from tidegate.gateway.v2 import input_records, parse_request
+from tidegate.schemas.signature import Signature, TensorSpec
+from tidegate.schemas.tensors import from_numpy, to_numpy
 
 SIGNATURE = Signature(
     inputs=(

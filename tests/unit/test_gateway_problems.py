@@ -7,21 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import (
-    MalformedRequestError,
-    PayloadTooLargeError,
-    RequestNotFoundError,
-    StoreUnavailableError,
-    UnsupportedMediaTypeError,
-)
-from gateway.problems import (
-    PROBLEM_JSON,
-    error_problem,
-    result_problem,
-    status_for_error,
-    status_for_result,
-)
-from tidegate.errors import (
+from tidegate.clients.producer import PublishError
+from tidegate.core.errors import (
     ArtifactError,
     DeadlineExceededError,
     InvalidInputError,
@@ -34,7 +21,20 @@ from tidegate.errors import (
     SchemaMismatchError,
     TidegateError,
 )
-from tidegate.producer import PublishError
+from tidegate.gateway.http_errors import (
+    MalformedRequestError,
+    PayloadTooLargeError,
+    RequestNotFoundError,
+    StoreUnavailableError,
+    UnsupportedMediaTypeError,
+)
+from tidegate.gateway.problems import (
+    PROBLEM_JSON,
+    error_problem,
+    result_problem,
+    status_for_error,
+    status_for_result,
+)
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.signature import Signature, TensorSpec
-from agents.tensors import from_numpy, to_numpy
-from gateway.binary import BinarySection
-from gateway.errors import MalformedRequestError
-from gateway.render import OutputPrefs, v2_response
-from gateway.v2 import input_records, parse_request, scalar_parameters
-from tidegate.errors import InvalidInputError
+from tidegate.core.errors import InvalidInputError
+from tidegate.gateway.binary import BinarySection
+from tidegate.gateway.http_errors import MalformedRequestError
+from tidegate.gateway.responses import OutputPrefs, v2_response
+from tidegate.gateway.v2 import input_records, parse_request, scalar_parameters
+from tidegate.schemas.signature import Signature, TensorSpec
+from tidegate.schemas.tensors import from_numpy, to_numpy
 
 FRAUD = Signature(
     inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),

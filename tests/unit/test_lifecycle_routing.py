@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
-from lifecycle import events as ev
-from lifecycle.routing import RoutingTable, choose_weighted, sampled
-from lifecycle.state import fold
 from tests.unit.lifecycle_events import recorded, registered_and_validated
-from tidegate.errors import ModelNotFoundError
+from tidegate.core.errors import ModelNotFoundError
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import RoutingTable, choose_weighted, sampled
+from tidegate.lifecycle.domain.state import fold
 
 
 def _table(*payloads: ev.Payload) -> RoutingTable:

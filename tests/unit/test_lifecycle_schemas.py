@@ -17,9 +17,18 @@ from confluent_kafka.schema_registry._sync.mock_schema_registry_client import (
     MockSchemaRegistryClient,
 )
 
-from lifecycle import events as ev
-from lifecycle.codec import LifecycleCodec, ShadowComparisonCodec, event_to_record, record_to_event
-from schemas.catalog import (
+from tests.support import unique
+from tests.unit.lifecycle_events import T0, recorded
+from tidegate.core.errors import SchemaMismatchError
+from tidegate.core.settings import TopicSettings
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.eventstore.event_codec import (
+    LifecycleCodec,
+    ShadowComparisonCodec,
+    event_to_record,
+    record_to_event,
+)
+from tidegate.schemas.catalog import (
     LIFECYCLE_NAMESPACE,
     MODEL_LIFECYCLE_EVENT,
     SCHEMA_DIR,
@@ -29,12 +38,8 @@ from schemas.catalog import (
     load_schema,
     topic_subjects,
 )
-from schemas.registration import RegistryHttp, register_all
-from schemas.registry.compat import check_compatibility
-from tests.support import unique
-from tests.unit.lifecycle_events import T0, recorded
-from tidegate.errors import SchemaMismatchError
-from tidegate.settings import TopicSettings
+from tidegate.schemas.registration import RegistryHttp, register_all
+from tidegate.schemas.registry.compat import check_compatibility
 
 # The envelope as first registered (commit 1cdf2bf), with its payload records inline: every later
 # envelope must read what it wrote.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from lifecycle import events as ev
-from lifecycle.state import ModelState, VersionStatus, apply, fold
 from tests.unit.lifecycle_events import at, recorded, registered_and_validated
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.state import ModelState, VersionStatus, apply, fold
 
 
 def _state(*payloads: ev.Payload) -> ModelState:

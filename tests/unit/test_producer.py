@@ -10,11 +10,11 @@ import fastavro
 import numpy as np
 import pytest
 
-from agents.tensors import from_numpy, to_numpy
-from gateway.jsonl import parse_line
-from schemas import INFERENCE_REQUEST, load_schema
-from tidegate.errors import ConfigurationError, InvalidInputError
-from tidegate.producer import TidegateProducer, build_request, request_key
+from tidegate.clients.jsonl import parse_line
+from tidegate.clients.producer import TidegateProducer, build_request, request_key
+from tidegate.core.errors import ConfigurationError, InvalidInputError
+from tidegate.schemas import INFERENCE_REQUEST, load_schema
+from tidegate.schemas.tensors import from_numpy, to_numpy
 
 REQUEST_SCHEMA = load_schema(INFERENCE_REQUEST).parsed
 

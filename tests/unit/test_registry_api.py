@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.registry_api import CONTENT_TYPE, create_app, http_status
-from schemas.registry import MemoryLog, SchemaRegistry
-from schemas.registry.records import decode_record
-from schemas.registry.state import RegistryState
+from tidegate.gateway.registry_api import CONTENT_TYPE, create_app, http_status
+from tidegate.schemas.registry import MemoryLog, SchemaRegistry
+from tidegate.schemas.registry.records import decode_record
+from tidegate.schemas.registry.registry_state import RegistryState
 
 
 def record(*fields: dict[str, Any]) -> str:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from schemas.registry.compat import check_compatibility
-from tidegate.errors import InvalidCompatibilityLevelError, InvalidSchemaError
+from tidegate.core.errors import InvalidCompatibilityLevelError, InvalidSchemaError
+from tidegate.schemas.registry.compat import check_compatibility
 
 
 def record(*fields: dict[str, Any], name: str = "Request") -> str:

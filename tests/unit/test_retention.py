@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from lifecycle.retention import LineagePruner, lineage_pruner
-from tidegate.settings import LifecycleSettings
+from tidegate.lifecycle.control.retention import LineagePruner, lineage_pruner
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 POOL: Any = object()  # never touched until the pruner starts
 

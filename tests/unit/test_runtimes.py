@@ -18,22 +18,22 @@ import torch
 from prometheus_client import REGISTRY
 from torch import nn
 
-from agents.manifest import Manifest
-from agents.models.export import export_onnx, export_torchscript
-from agents.runtime import create_runtime, load_package
-from agents.runtime.device import onnx_providers, torch_device
-from agents.runtime.executor import ExecutorRuntime
-from agents.runtime.onnx import OnnxRuntime
-from agents.signature import Signature, TensorSpec
-from agents.store import LocalArtifactStore
-from tidegate.errors import (
+from tidegate.core.errors import (
     ArtifactError,
     ConfigurationError,
     InvalidInputError,
     ModelExecutionError,
     ModelUnavailableError,
 )
-from tidegate.settings import ModelSettings
+from tidegate.examples.export import export_onnx, export_torchscript
+from tidegate.models.manifest import Manifest
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.runtime import create_runtime, load_package
+from tidegate.models.runtime.device import onnx_providers, torch_device
+from tidegate.models.runtime.executor import ExecutorRuntime
+from tidegate.models.runtime.onnx import OnnxRuntime
+from tidegate.models.store import LocalArtifactStore
+from tidegate.schemas.signature import Signature, TensorSpec
 
 pytestmark = pytest.mark.timeout(120)
 

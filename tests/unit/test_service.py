@@ -1,8 +1,9 @@
 """The inference service with fake runtimes: routing by the lifecycle's table, answers without
 compute, sub-batching, bisection.
 
-The routing tables are folded from lifecycle events (`lifecycle.state.fold`), exactly as the
-worker's feed folds them; `lifecycle_table` and `Tables` are shared with the other agent tests.
+The routing tables are folded from lifecycle events (`tidegate.lifecycle.domain.state.fold`),
+exactly as the worker's feed folds them; `lifecycle_table` and `Tables` are shared with the other
+agent tests.
 """
 
 from __future__ import annotations
@@ -18,23 +19,23 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agents.loaded import LoadedModel, ModelCache
-from agents.manifest import ModelPackage
-from agents.runtime.base import Arrays, ModelRuntime
-from agents.service import InferenceService
-from agents.signature import Signature, TensorSpec
-from agents.tasks import InferenceTask
-from agents.versions import VersionManager
-from lifecycle import events as ev
-from lifecycle.routing import EXPLICIT, RoutingTable
-from lifecycle.state import ModelState, fold
 from tests.unit.lifecycle_events import recorded, registered_and_validated
-from tidegate.errors import (
+from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.loaded import LoadedModel, ModelCache
+from tidegate.agents.version_manager import VersionManager
+from tidegate.core.errors import (
     InvalidInputError,
     ModelExecutionError,
     ModelNotFoundError,
     ModelUnavailableError,
 )
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import EXPLICIT, RoutingTable
+from tidegate.lifecycle.domain.state import ModelState, fold
+from tidegate.models.manifest import ModelPackage
+from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.signature import Signature, TensorSpec
 
 SIGNATURE = Signature(
     inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tidegate.kafka import consumer_config, producer_config
-from tidegate.settings import (
+from tidegate.core.kafka import consumer_config, producer_config
+from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
     RedisSettings,

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from tidegate.settings import RegistryServerSettings, TopicSettings
-from tidegate.stack import TopicSpec, ensure_topics, topic_specs, wait_healthy
+from tidegate.core.settings import RegistryServerSettings, TopicSettings
+from tidegate.core.stack import TopicSpec, ensure_topics, topic_specs, wait_healthy
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from agents.manifest import Manifest
-from agents.runtime import loader
-from agents.signature import Signature, TensorSpec
-from agents.store import LocalArtifactStore
-from tidegate.errors import ArtifactError, ArtifactIntegrityError, ModelNotFoundError
-from tidegate.settings import ModelSettings
+from tidegate.core.errors import ArtifactError, ArtifactIntegrityError, ModelNotFoundError
+from tidegate.models.manifest import Manifest
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.runtime import loader
+from tidegate.models.store import LocalArtifactStore
+from tidegate.schemas.signature import Signature, TensorSpec
 
 SIGNATURE = Signature(
     inputs=(TensorSpec(name="x", datatype="FP32", shape=(-1, 2)),),

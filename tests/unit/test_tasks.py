@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from tidegate.errors import LifecycleUnavailableError
-from tidegate.tasks import Periodic, cancel_and_wait
+from tidegate.core.aio import Periodic, cancel_and_wait
+from tidegate.core.errors import LifecycleUnavailableError
 
 
 async def _swallows_first_cancel(swallowed: asyncio.Event) -> None:
@@ -61,7 +61,7 @@ async def test_a_task_that_had_failed_is_logged(caplog: pytest.LogCaptureFixture
 
     task = asyncio.create_task(fail(), name="outbox-relay")
     await asyncio.wait({task})
-    with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
+    with caplog.at_level(logging.WARNING, logger="tidegate.core.aio"):
         await cancel_and_wait([task])
     assert "outbox-relay had failed" in caplog.text
     assert "the relay loop died" in caplog.text
@@ -71,7 +71,7 @@ async def test_a_task_slow_to_stop_is_logged_each_round(caplog: pytest.LogCaptur
     swallowed = asyncio.Event()
     task = asyncio.create_task(_swallows_first_cancel(swallowed), name="stubborn")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
+    with caplog.at_level(logging.WARNING, logger="tidegate.core.aio"):
         await cancel_and_wait([task], recancel_s=0.05)
     assert "stubborn still running" in caplog.text
 
@@ -90,7 +90,7 @@ async def test_periodic_steps_go_on_after_failures(caplog: pytest.LogCaptureFixt
             raise RuntimeError("a bug")
 
     periodic = Periodic(step, 0.01, name="ticker")
-    with caplog.at_level(logging.WARNING, logger="tidegate.tasks"):
+    with caplog.at_level(logging.WARNING, logger="tidegate.core.aio"):
         periodic.start()
         await asyncio.wait_for(third.wait(), 5)
         await periodic.stop()

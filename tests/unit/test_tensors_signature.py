@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from agents.signature import Signature, TensorSpec, validate_inputs
-from agents.tensors import (
+from tidegate.core.errors import InvalidInputError
+from tidegate.schemas.signature import Signature, TensorSpec, validate_inputs
+from tidegate.schemas.tensors import (
     DATATYPES,
     datatype_of,
     decode_bytes_elements,
@@ -18,7 +19,6 @@ from agents.tensors import (
     from_numpy,
     to_numpy,
 )
-from tidegate.errors import InvalidInputError
 
 NUMERIC = [name for name in DATATYPES if name != "BYTES"]
 

@@ -7,16 +7,16 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agents.batching import PartitionBatcher
-from agents.decoding import RequestDecoder
-from agents.delivery import Ack
-from agents.offsets import OffsetTracker
-from agents.partition import PartitionPipeline
-from agents.results import Timings, error_result, ok_result
-from agents.tasks import InferenceTask
-from dlq.envelopes import dead_letter, error_info
-from tidegate.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
-from tidegate.settings import TopicSettings
+from tidegate.agents.batching import PartitionBatcher
+from tidegate.agents.decoding import RequestDecoder
+from tidegate.agents.delivery import Ack
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.offsets import OffsetTracker
+from tidegate.agents.partition import PartitionPipeline
+from tidegate.agents.result_builders import Timings, error_result, ok_result
+from tidegate.core.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
+from tidegate.core.settings import TopicSettings
+from tidegate.dlq.envelopes import dead_letter, error_info
 
 TOPICS = TopicSettings()
 
@@ -292,8 +292,8 @@ def test_a_full_producer_queue_drops_a_shadow_comparison_at_once() -> None:
 
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from agents import metrics
-    from agents.delivery import Publisher
+    from tidegate.agents import worker_metrics as metrics
+    from tidegate.agents.delivery import Publisher
 
     producer = _FullProducer()
     publisher = Publisher(

@@ -1,0 +1,292 @@
+"""The inference service: the one core that turns decoded requests into `InferenceResult` records.
+
+Each request is routed here, by the model's lifecycle routing table: an explicit version if it is
+servable, else the tenant's pin or experiment, else the sticky weighted split over the versions this
+worker has warm (`tidegate.lifecycle.domain.routing`). The result carries the version and the rule.
+
+For a batch (one partition's, in the worker) it answers without compute what needs none: requests
+rejected while decoding, past their deadline, for unknown models or versions, or with inputs that do
+not match the model signature. The rest is split by (model, version) — and by the shape of the
+non-batch dimensions, which must agree to be stacked — and each sub-batch runs as one model call:
+inputs concatenated along dim 0, outputs split back by each request's rows. Requests the split
+served and a shadow version samples are handed to the `ShadowRunner` once every result is made.
+
+When a model call fails, the sub-batch is bisected until the failing requests are alone, so one bad
+input never fails its batch-mates. Errors that are not about an input (the model is unavailable,
+or it returned the wrong number of rows) fail the sub-batch at once, every member explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.result_builders import Timings, error_result, ok_result
+from tidegate.agents.shadow import ShadowJob, ShadowRequest, ShadowRunner
+from tidegate.agents.version_manager import TableSource
+from tidegate.core.errors import (
+    DeadlineExceededError,
+    InvalidInputError,
+    ModelExecutionError,
+    ModelNotFoundError,
+    RetriableError,
+    TidegateError,
+)
+from tidegate.lifecycle.domain.routing import Decision
+from tidegate.schemas.signature import validate_inputs
+from tidegate.schemas.tensors import from_numpy, to_numpy
+
+__all__ = ["SHADOWED_RULES", "InferenceService", "RowCountError", "Versions"]
+
+Result = dict[str, Any]
+# Only requests the traffic split served are shadowed: pinned and explicit ones are someone's
+# deliberate choice, not a sample of live traffic.
+SHADOWED_RULES = ("split@", "warming-fallback@")
+
+
+class Versions(Protocol):
+    """Loaded versions: what the router asks (`ready`) and what serves (`get`)."""
+
+    def ready(self, model: str, version: str) -> bool: ...
+
+    async def get(self, model: str, version: str) -> LoadedModel: ...
+
+
+class RowCountError(ModelExecutionError):
+    """The model returned a different number of rows than it was given: no member can be trusted."""
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    index: int
+    task: InferenceTask
+    arrays: dict[str, npt.NDArray[Any]]
+    rows: int
+    outputs: tuple[str, ...]
+    waited_ms: float
+    rule: str
+    shadows: tuple[str, ...] = ()
+
+
+class InferenceService:
+    def __init__(
+        self,
+        tables: TableSource,
+        models: Versions,
+        *,
+        worker_id: str,
+        shadow: ShadowRunner | None = None,
+    ) -> None:
+        self.tables = tables
+        self.models = models
+        self.worker_id = worker_id
+        self.shadow = shadow
+
+    async def process(
+        self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
+    ) -> list[Result]:
+        """One result per task, in order."""
+        results: list[Result | None] = [None] * len(tasks)
+        groups: dict[Hashable, tuple[LoadedModel, list[_Member]]] = {}
+        now_ms = time.time() * 1000.0
+        for index, (task, waited) in enumerate(zip(tasks, waits_ms, strict=True)):
+            decision: Decision | None = None
+            try:
+                if task.rejection is not None:
+                    raise task.rejection
+                deadline = task.deadline_ms
+                if deadline is not None and deadline <= now_ms:
+                    raise DeadlineExceededError(
+                        f"the deadline passed {now_ms - deadline:.0f} ms before compute"
+                    )
+                decision, shadows = self._route(task)
+                model = await self.models.get(task.model, decision.version)
+                member = _member(index, task, model, waited, decision.rule)
+                member.shadows = shadows
+            except Exception as exc:
+                version = decision.version if decision else None
+                rule = decision.rule if decision else None
+                results[index] = self._failed(task, exc, version, Timings(batch_ms=waited), rule)
+                continue
+            groups.setdefault(_group_key(model, member), (model, []))[1].append(member)
+        jobs: list[ShadowJob] = []
+        await asyncio.gather(
+            *(self._attempt(model, members, results, jobs) for model, members in groups.values())
+        )
+        if jobs and self.shadow is not None:
+            self.shadow.submit(jobs)
+        return [r for r in results if r is not None]
+
+    def _route(self, task: InferenceTask) -> tuple[Decision, tuple[str, ...]]:
+        """The version that serves the request, why, and the shadow versions it is copied to."""
+        table = self.tables.table(task.model)
+        if table is None:
+            raise ModelNotFoundError(f"model {task.model!r} is not served")
+        request = task.request
+        decision = table.route(
+            tenant=request.get("tenant") or "default",
+            key=request.get("routing_key") or task.request_id,
+            requested=request.get("model_version"),
+            ready=lambda version: self.models.ready(task.model, version),
+        )
+        shadows: tuple[str, ...] = ()
+        if table.shadows and decision.rule.startswith(SHADOWED_RULES):
+            shadows = tuple(table.shadow_targets(task.request_id, decision.version))
+        return decision, shadows
+
+    async def _attempt(
+        self,
+        model: LoadedModel,
+        members: list[_Member],
+        results: list[Result | None],
+        jobs: list[ShadowJob],
+    ) -> None:
+        for member in members:
+            member.task.attempts += 1
+        try:
+            outputs, compute_ms = await self._infer(model, members)
+        except (RowCountError, RetriableError) as exc:
+            for member in members:
+                results[member.index] = self._failed_member(model, member, exc, len(members))
+            return
+        except Exception as exc:
+            if len(members) == 1:
+                results[members[0].index] = self._failed_member(model, members[0], exc, 1)
+                return
+            half = len(members) // 2
+            await self._attempt(model, members[:half], results, jobs)
+            await self._attempt(model, members[half:], results, jobs)
+            return
+        if any(member.shadows for member in members):
+            jobs.extend(_shadow_jobs(model, members, outputs, compute_ms))
+        start = 0
+        for member in members:
+            stop = start + member.rows
+            tensors = [from_numpy(name, outputs[name][start:stop]) for name in member.outputs]
+            start = stop
+            timings = Timings(member.waited_ms, compute_ms, len(members))
+            result = ok_result(
+                member.task,
+                tensors,
+                version=model.version,
+                timings=timings,
+                worker_id=self.worker_id,
+                rule=member.rule,
+            )
+            results[member.index] = self._observed(result)
+
+    async def _infer(
+        self, model: LoadedModel, members: list[_Member]
+    ) -> tuple[dict[str, npt.NDArray[Any]], float]:
+        if len(members) == 1:
+            inputs = members[0].arrays
+        else:
+            names = members[0].arrays.keys()
+            inputs = {n: np.concatenate([m.arrays[n] for m in members]) for n in names}
+        rows = sum(m.rows for m in members)
+        started = time.perf_counter()
+        outputs = await model.runtime.infer(inputs)
+        seconds = time.perf_counter() - started
+        metrics.compute(model.name, model.version).observe(seconds)
+        metrics.sub_batch_size(model.name, model.version).observe(len(members))
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != rows:
+                got = array.shape[0] if array.ndim else "no"
+                raise RowCountError(f"output {name!r} has {got} rows for {rows} input rows")
+        missing = {n for m in members for n in m.outputs} - outputs.keys()
+        if missing:
+            raise RowCountError(f"the model gave no output {sorted(missing)[0]!r}")
+        return outputs, seconds * 1000.0
+
+    def _failed_member(
+        self, model: LoadedModel, member: _Member, exc: BaseException, size: int
+    ) -> Result:
+        if not isinstance(exc, TidegateError):
+            exc = ModelExecutionError(f"{type(exc).__name__}: {exc}")
+        timings = Timings(member.waited_ms, 0.0, size)
+        return self._failed(member.task, exc, model.version, timings, member.rule)
+
+    def _failed(
+        self,
+        task: InferenceTask,
+        exc: BaseException,
+        version: str | None,
+        timings: Timings,
+        rule: str | None,
+    ) -> Result:
+        result = error_result(
+            task, exc, worker_id=self.worker_id, version=version, timings=timings, rule=rule
+        )
+        return self._observed(result)
+
+    def _observed(self, result: Result) -> Result:
+        model, version = result["model"], result["model_version"]
+        if version is None and self.tables.table(model) is None:
+            model = "_unknown"  # names from requests must not grow the label set without bound
+        metrics.requests(model, version or "", result["status"]).inc()
+        metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
+        return result
+
+
+def _member(
+    index: int, task: InferenceTask, model: LoadedModel, waited: float, rule: str
+) -> _Member:
+    """Check a request against the model signature and gather what its sub-batch needs."""
+    request = task.request
+    validate_inputs(model.signature, request["inputs"])
+    arrays = task.arrays if task.arrays is not None else {}
+    if not arrays:
+        arrays = {t["name"]: to_numpy(t) for t in request["inputs"]}
+    sizes = {name: int(array.shape[0]) for name, array in arrays.items()}
+    rows = next(iter(sizes.values()))
+    for name, size in sizes.items():
+        if size != rows:
+            raise InvalidInputError(f"inputs disagree on the batch size: {sizes}", name)
+    if rows == 0:
+        raise InvalidInputError("the request has no rows", next(iter(sizes)))
+    known = [spec.name for spec in model.signature.outputs]
+    wanted = tuple(request.get("outputs") or known)
+    for name in wanted:
+        if name not in known:
+            raise InvalidInputError(f"unknown output {name!r}; the model gives {known}", name)
+    return _Member(index, task, arrays, rows, wanted, waited, rule)
+
+
+def _shadow_jobs(
+    model: LoadedModel,
+    members: list[_Member],
+    outputs: dict[str, npt.NDArray[Any]],
+    compute_ms: float,
+) -> list[ShadowJob]:
+    """One job per candidate, with the sampled members' inputs and their rows of every output."""
+    jobs: dict[str, ShadowJob] = {}
+    start = 0
+    for member in members:
+        stop = start + member.rows
+        for candidate in member.shadows:
+            job = jobs.get(candidate)
+            if job is None:
+                job = ShadowJob(model.name, model.version, candidate, model.task, compute_ms, [])
+                jobs[candidate] = job
+            primary = {name: array[start:stop] for name, array in outputs.items()}
+            job.requests.append(
+                ShadowRequest(member.task.request_id, member.arrays, member.rows, primary)
+            )
+        start = stop
+    return list(jobs.values())
+
+
+def _group_key(model: LoadedModel, member: _Member) -> Hashable:
+    if not model.batchable:
+        return (model.name, model.version, member.index)
+    shapes = tuple(sorted((name, a.shape[1:]) for name, a in member.arrays.items()))
+    return (model.name, model.version, shapes)

@@ -1,0 +1,262 @@
+"""Which model versions this worker keeps loaded, and telling the lifecycle so.
+
+The lifecycle's routing tables say which versions are wanted (primary, weighted, shadowed,
+canaried, pinned). On every table change the manager loads the wanted versions in the background
+(fetch, checksum, load, warm-up) and only then reports `VersionLoaded` with this worker's id: the
+fold gives a version no traffic until some worker reported it warm, and this worker's router sends
+none to a version it has not loaded itself (`ready`). So routed traffic never meets a cold model.
+
+A request that names an old version explicitly (or a tenant pin to one not loaded yet) loads it on
+demand: that request waits, nothing else does. At most `max_loaded` versions stay loaded; past
+that the least recently used one that is not wanted is evicted (a wanted one never is). Versions
+that are retired or failed validation are unloaded at once. Every unload is reported with
+`VersionUnloaded`, and a graceful stop reports one for each version still loaded.
+
+Reports are appended to the lifecycle log in the background and retried while it is unreachable:
+the worker goes on serving from what it has loaded meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
+
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.loaded import LoadedModel, ModelCache, VersionKey, unload
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import TidegateError
+from tidegate.core.telemetry import get_logger
+from tidegate.lifecycle.domain.events import NewEvent, Payload, VersionLoaded, VersionUnloaded
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.lifecycle.domain.state import ModelState
+
+__all__ = ["Report", "TableSource", "VersionManager"]
+
+log = get_logger(__name__)
+
+Report = Callable[[str, Sequence[NewEvent]], Awaitable[object]]
+"""Append events to a model's stream (`LifecycleLog.append` without an expected version)."""
+
+_STOP_REPORT_S = 5.0
+
+
+class TableSource(Protocol):
+    """The part of `tidegate.lifecycle.readmodels.feed.LifecycleFeed` the worker routes with."""
+
+    def table(self, model: str) -> RoutingTable | None: ...
+
+
+class VersionManager:
+    """Create and use on one event loop; `start` before routing, `stop` after the last request."""
+
+    def __init__(
+        self,
+        cache: ModelCache,
+        tables: TableSource,
+        report: Report,
+        *,
+        worker_id: str,
+        max_loaded: int,
+        unload_grace_s: float = 2.0,
+        retry_report_s: float = 2.0,
+        retry_loads_s: float = 10.0,
+    ) -> None:
+        self.cache = cache
+        self.worker_id = worker_id
+        self._tables = tables
+        self._report = report
+        self._max = max_loaded
+        self._grace = unload_grace_s
+        self._retry_report = retry_report_s
+        self._pending: dict[VersionKey, None] = {}  # an ordered set of versions to load
+        self._announced: set[VersionKey] = set()
+        self._outbox: list[tuple[str, Payload]] = []
+        self._unloads: set[asyncio.Task[None]] = set()
+        self._hurry = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._models: set[str] = set()
+        self._retry_loads = retry_loads_s
+
+    # -- the router's side ------------------------------------------------------------------
+
+    def ready(self, model: str, version: str) -> bool:
+        """Loaded and warmed up here. A version whose load failed never is."""
+        return self.cache.peek(model, version) is not None
+
+    def peek(self, model: str, version: str) -> LoadedModel | None:
+        return self.cache.peek(model, version)
+
+    async def get(self, model: str, version: str) -> LoadedModel:
+        """The loaded version; a cold one is loaded now, and the caller waits for it."""
+        if self.cache.peek(model, version) is not None:
+            return await self.cache.get(model, version)
+        metrics.COLD_LOADS.labels(model, version).inc()
+        self._evict(keep=None, limit=self._max - 1)
+        loaded = await self.cache.get(model, version)
+        self._loaded(loaded)
+        return loaded
+
+    # -- the lifecycle's side ---------------------------------------------------------------
+
+    def changed(self, state: ModelState) -> None:
+        """The feed's listener: a model's table changed."""
+        if self._stopped:
+            return  # the feed outlives the manager by a moment at shutdown
+        self._models.add(state.model)
+        self._reconcile(state.model)
+        self._wake.set()
+
+    async def start(self, models: Iterable[str]) -> dict[VersionKey, str]:
+        """Load every wanted version of `models` now, report them, then follow table changes in
+        the background. Returns the versions that failed to load, and why."""
+        for model in models:
+            self._models.add(model)
+            self._reconcile(model)
+        failures = await self._load_pending()
+        await self._flush()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="version-manager")
+        return failures
+
+    async def stop(self) -> None:
+        """Unload everything, reporting `VersionUnloaded` for each version (bounded wait)."""
+        self._stopped = True
+        self._pending.clear()
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+        for name, version in self.cache.loaded():
+            self._drop((name, version), "worker stopping")
+        self._hurry.set()  # unload now, not after the grace period
+        await asyncio.gather(*self._unloads, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._flush(), _STOP_REPORT_S)
+        except TimeoutError:
+            log.warning("the lifecycle log did not take the unload reports in time")
+        if self._outbox:
+            log.warning("%d version reports not recorded at stop", len(self._outbox))
+        await self.cache.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _reconcile(self, model: str) -> None:
+        table = self._tables.table(model)
+        servable = table.servable if table is not None else frozenset()
+        for name, version in self.cache.loaded():
+            if name == model and version not in servable:
+                why = "retired" if table is not None and version in table.known else "unknown"
+                self._drop((name, version), why)
+        if table is None:
+            return
+        for version in sorted(table.wanted):
+            key = (model, version)
+            if self.cache.peek(*key) is None and self.cache.failure(*key) is None:
+                self._pending[key] = None
+
+    def _wanted(self, key: VersionKey) -> bool:
+        table = self._tables.table(key[0])
+        return table is not None and key[1] in table.wanted
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()  # before the work: a change during it sets it again
+            try:
+                await self._load_pending()
+                await self._flush()
+            except Exception:
+                # Loads and reports handle their own errors; anything else is a bug, and the
+                # manager must keep following table changes regardless.
+                log.exception("the version manager's cycle failed")
+                await asyncio.sleep(self._retry_report)
+            if self._pending:
+                continue
+            timeout = self._retry_report if self._outbox else self._retry_loads
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                # A wanted version whose load failed is tried again once its failure is
+                # forgotten, without waiting for the next table change (nor for a request).
+                for model in sorted(self._models):
+                    self._reconcile(model)
+
+    async def _load_pending(self) -> dict[VersionKey, str]:
+        failures: dict[VersionKey, str] = {}
+        while self._pending:
+            key = next(iter(self._pending))
+            del self._pending[key]
+            if not self._wanted(key):
+                continue  # the table changed again meanwhile
+            if self.cache.peek(*key) is None:
+                self._evict(keep=None, limit=self._max - 1)
+            try:
+                loaded = await self.cache.get(*key)
+            except TidegateError as exc:
+                failures[key] = str(exc)
+                log.error("%s version %s cannot serve from this worker: %s", *key, exc)
+                continue
+            self._loaded(loaded)
+        return failures
+
+    def _loaded(self, model: LoadedModel) -> None:
+        key = (model.name, model.version)
+        if key not in self._announced:
+            self._announced.add(key)
+            self._queue(model.name, VersionLoaded(model.version, self.worker_id, model.load_ms))
+        table = self._tables.table(model.name)
+        if table is None or model.version not in table.servable:
+            self._drop(key, "retired")  # retired while it loaded
+            return
+        self._evict(keep=key, limit=self._max)
+        metrics.LOADED_VERSIONS.set(len(self.cache))
+
+    def _evict(self, *, keep: VersionKey | None, limit: int) -> None:
+        """Unload the least recently used versions nobody wants until at most `limit` remain."""
+        over = len(self.cache) - max(limit, 0)
+        for key in self.cache.by_recency():
+            if over <= 0:
+                return
+            if key != keep and not self._wanted(key):
+                self._drop(key, "evicted")
+                over -= 1
+
+    def _drop(self, key: VersionKey, reason: str) -> None:
+        model = self.cache.pop(*key)
+        if model is None:
+            return
+        log.info("unloading %s version %s (%s)", key[0], key[1], reason)
+        if key in self._announced:
+            self._announced.discard(key)
+            self._queue(key[0], VersionUnloaded(key[1], self.worker_id, reason))
+        task = asyncio.get_running_loop().create_task(self._unload_later(model))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+        metrics.LOADED_VERSIONS.set(len(self.cache))
+
+    async def _unload_later(self, model: LoadedModel) -> None:
+        # Requests routed just before the drop may still hold the version: give them time.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), self._grace)
+        await unload(model)
+
+    def _queue(self, model: str, payload: Payload) -> None:
+        self._outbox.append((model, payload))
+        self._wake.set()
+
+    async def _flush(self) -> None:
+        """Append the queued reports, per model in order; what fails stays queued."""
+        batch, self._outbox = self._outbox, []
+        failed: list[tuple[str, Payload]] = []
+        for model in dict.fromkeys(m for m, _ in batch):
+            payloads = [p for m, p in batch if m == model]
+            events = [NewEvent(p, actor=f"worker:{self.worker_id}") for p in payloads]
+            try:
+                await self._report(model, events)
+            except Exception as exc:
+                log.warning(
+                    "cannot report %d version event(s) of %s yet: %s", len(events), model, exc
+                )
+                failed.extend((model, p) for p in payloads)
+        self._outbox = failed + self._outbox

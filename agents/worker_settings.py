@@ -1,0 +1,50 @@
+"""Settings of the worker agents."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from tidegate.core.settings import instance_id, settings_config
+
+__all__ = ["WorkerSettings"]
+
+
+class WorkerSettings(BaseSettings):
+    """Worker agents (env prefix `TIDEGATE_WORKER_`)."""
+
+    model_config = settings_config("TIDEGATE_WORKER_")
+
+    group_id: str = Field("tidegate-workers", description="Consumer group all workers share.")
+    worker_id: str = Field(default_factory=instance_id, description="This worker's name.")
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Most requests in one batch.")
+    max_batch_delay_ms: float = Field(
+        5.0, ge=0, le=10_000, description="Longest wait for a batch to fill, in milliseconds."
+    )
+    metrics_port: int = Field(
+        9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: none)."
+    )
+    max_in_flight: int = Field(
+        2048, ge=1, description="Most consumed-but-unfinished requests before consuming pauses."
+    )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="How soon the group notices a dead worker and moves its partitions.",
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long revoked partitions and shutdown may finish in-flight work.",
+    )
+    max_loaded_versions: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Most model versions kept loaded; the least recently used unwanted one goes.",
+    )
+    shadow_max_in_flight: int = Field(
+        4,
+        ge=0,
+        description="Shadow sub-batches running at once; more are skipped and counted (0: none).",
+    )

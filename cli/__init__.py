@@ -1,0 +1,47 @@
+"""The `tidegate` command line. Each command group lives in its own module and imports its heavy
+dependencies only when it runs, so `tidegate --help` stays fast."""
+
+from __future__ import annotations
+
+import typer
+
+from tidegate.cli import demo, produce, served
+from tidegate.cli import model_commands as models
+from tidegate.cli import schema_commands as schemas
+from tidegate.cli import serve_controller as controller
+from tidegate.cli import serve_gateway as gateway
+from tidegate.cli import serve_registry as registry
+from tidegate.cli import serve_worker as worker
+from tidegate.cli import stack_commands as stack
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="tidegate",
+    help="Streaming inference over Apache Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("registry", help="Run the Confluent-compatible schema registry service.")(
+    registry.serve
+)
+app.command("worker", help="Run a worker agent: consume, micro-batch, infer, publish.")(
+    worker.worker
+)
+app.command("gateway", help="Serve the V2 HTTP facade and the /admin API.")(gateway.gateway)
+app.command(
+    "controller", help="Run the lifecycle controller: outbox relay, canary controller, indexer."
+)(controller.controller)
+app.command("served", help="Which version served a request, where, when and why.")(served.served)
+app.command("produce", help="Publish requests from a JSON Lines file.")(produce.produce)
+app.command("demo", help="Run the pipeline end to end on the local stack.")(demo.demo)
+app.command("demo-stop", help="Stop what `tidegate demo --keep` left running.")(demo.demo_stop)
+app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
+app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
+app.add_typer(
+    models.app, name="models", help="Register, roll out, roll back and inspect model versions."
+)
+
+
+def main() -> None:
+    app()

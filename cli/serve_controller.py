@@ -1,0 +1,62 @@
+"""`tidegate controller`: the lifecycle's background process, until SIGTERM or SIGINT.
+
+It publishes the event store's outbox to the lifecycle topic, indexes results and shadow
+comparisons into PostgreSQL (`tidegate served`, `models compare`), drives canaries and deletes
+lineage rows past their retention (TIDEGATE_LIFECYCLE_LINEAGE_RETENTION_DAYS). Run as many as you
+like for availability: one per database schema acts, the others wait to take over.
+Settings come from the environment (TIDEGATE_POSTGRES_*, TIDEGATE_LIFECYCLE_*, TIDEGATE_KAFKA_*,
+TIDEGATE_TOPICS_*, TIDEGATE_SCHEMA_REGISTRY_*).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = ["controller"]
+
+
+def controller(
+    group_id: Annotated[
+        str | None, typer.Option(help="Consumer group of the lineage indexer.")
+    ] = None,
+    metrics_port: Annotated[
+        int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")
+    ] = 0,
+    migrate: Annotated[
+        bool, typer.Option(help="Apply pending database migrations before starting.")
+    ] = False,
+) -> None:
+    """Run the outbox relay, the lineage indexer and the canary controller."""
+    import asyncio
+    import signal
+
+    from tidegate.core.telemetry import configure_logging
+    from tidegate.lifecycle.control.indexer import DEFAULT_GROUP_ID
+    from tidegate.lifecycle.control.process import ControllerConfig, ControllerService
+
+    configure_logging()
+    config = ControllerConfig(group_id=group_id or DEFAULT_GROUP_ID)
+    if migrate:
+        from tidegate.core.db import migrate as apply_migrations
+
+        apply_migrations(config.postgres)
+    server = None
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(metrics_port)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await ControllerService(config).run(stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        if server is not None:
+            server.shutdown()

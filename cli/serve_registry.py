@@ -1,0 +1,47 @@
+"""`tidegate registry`: run the Confluent-compatible schema registry service."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["serve"]
+
+
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address to listen on (else $TIDEGATE_REGISTRY_HOST, or 127.0.0.1)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (else $TIDEGATE_REGISTRY_PORT, or 8081).")
+    ] = None,
+    topic: Annotated[
+        str | None,
+        typer.Option(help="Compacted state topic (else $TIDEGATE_REGISTRY_TOPIC, or _schemas)."),
+    ] = None,
+) -> None:
+    """Serve the schema registry until SIGTERM or Ctrl-C; its state lives in a compacted topic."""
+    # Heavy imports stay here so that `tidegate --help` does not pay for them.
+    import uvicorn
+
+    from tidegate.core.settings import KafkaSettings, RegistryServerSettings, TopicSettings
+    from tidegate.core.telemetry import configure_logging
+    from tidegate.gateway.registry_api import create_app
+    from tidegate.schemas.registry import SchemaRegistry
+    from tidegate.schemas.registry.kafka_log import KafkaLog
+
+    configure_logging()
+    overrides: dict[str, Any] = {
+        name: value
+        for name, value in (("host", host), ("port", port), ("topic", topic))
+        if value is not None
+    }
+    settings = RegistryServerSettings(**overrides)
+    log = KafkaLog(KafkaSettings(), settings, replication_factor=TopicSettings().replication_factor)
+    registry = SchemaRegistry(log, default_compatibility=settings.default_compatibility)
+    app = create_app(registry, startup_timeout_s=settings.startup_timeout_s)
+    # uvicorn turns SIGTERM and SIGINT into a graceful shutdown, which runs the app's lifespan exit
+    # and so stops the Kafka reader and flushes the producer.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")

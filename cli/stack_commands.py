@@ -1,0 +1,124 @@
+"""`tidegate stack ...`: health checks and topics of the local stack (used by infra/stack.sh).
+
+Settings come from the environment (infra/lib.sh exports them for a stack on other ports).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+__all__ = ["Server", "app"]
+
+app = typer.Typer(no_args_is_help=True)
+
+# librdkafka logs informational lines (e.g. BGQUEUE when an admin client closes) to stderr; these
+# commands report errors themselves, so only librdkafka's warnings and errors get through.
+_QUIET = {"log_level": 4}
+
+
+class Server(str, Enum):
+    """The servers `check` knows."""
+
+    kafka = "kafka"
+    registry = "registry"
+    postgres = "postgres"
+    redis = "redis"
+
+
+@app.command()
+def check(
+    server: Annotated[Server, typer.Argument(help="The server to check.")],
+    wait: Annotated[
+        float, typer.Option("--wait", min=0, help="Poll until healthy for up to SECONDS.")
+    ] = 0.0,
+) -> None:
+    """Exit 0 if SERVER is healthy, 1 (with the reason) if not."""
+    from collections.abc import Callable
+    from functools import partial
+
+    from tidegate.core import stack
+    from tidegate.core.settings import (
+        KafkaSettings,
+        PostgresSettings,
+        RedisSettings,
+        SchemaRegistrySettings,
+    )
+
+    probes: dict[Server, Callable[[float], str]] = {
+        Server.kafka: partial(stack.probe_kafka, KafkaSettings()),
+        Server.registry: partial(stack.probe_registry, SchemaRegistrySettings()),
+        Server.postgres: partial(stack.probe_postgres, PostgresSettings()),
+        Server.redis: partial(stack.probe_redis, RedisSettings()),
+    }
+    try:
+        detail = stack.wait_healthy(probes[server], wait)
+    except Exception as exc:  # any failure of the probe means "not healthy", with its reason
+        typer.echo(f"{server.value}: NOT healthy: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{server.value}: healthy ({detail})")
+
+
+@app.command()
+def topics(
+    timeout: Annotated[float, typer.Option(min=1, help="Admin request timeout, seconds.")] = 30.0,
+) -> None:
+    """Create the stack's topics that are missing; existing topics are left alone."""
+    from tidegate.core.kafka import make_admin
+    from tidegate.core.settings import KafkaSettings, TopicSettings
+    from tidegate.core.stack import ensure_topics, topic_specs
+
+    specs = topic_specs(TopicSettings())
+    result = ensure_topics(make_admin(KafkaSettings(), _QUIET), specs, timeout=timeout)
+    for spec in specs:
+        action = "created" if spec.name in result.created else "kept"
+        wanted, actual = result.mismatched.get(spec.name, (spec.partitions, spec.partitions))
+        differs = f", settings say {wanted}" if actual != wanted else ""
+        typer.echo(f"{action} {spec.name} (partitions: {actual}{differs})")
+    for name, (wanted, actual) in result.mismatched.items():
+        # Kafka cannot shrink a topic and growing one reshuffles keys: say so, change nothing.
+        typer.echo(
+            f"WARNING: {name} has {actual} partitions, the settings say {wanted}; "
+            "left as is (delete the topic or change TIDEGATE_TOPICS_* to reconcile)",
+            err=True,
+        )
+
+
+@app.command()
+def status(
+    timeout: Annotated[float, typer.Option(min=1, help="Admin request timeout, seconds.")] = 15.0,
+) -> None:
+    """Show the stack's topics: partitions, replication factor and key configs (exit 1 if one is
+    missing)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tidegate.core.kafka import make_admin
+    from tidegate.core.settings import KafkaSettings, TopicSettings
+    from tidegate.core.stack import KEY_CONFIGS, describe_topics, topic_specs
+
+    specs = topic_specs(TopicSettings())
+    admin = make_admin(KafkaSettings(), _QUIET)
+    states = describe_topics(admin, [s.name for s in specs], timeout=timeout)
+    table = Table("topic", "partitions", "replication", *KEY_CONFIGS, "state", title="topics")
+    missing = False
+    for spec in specs:
+        state = states[spec.name]
+        if state is None:
+            missing = True
+            table.add_row(spec.name, "-", "-", *("-" for _ in KEY_CONFIGS), "[red]missing[/red]")
+            continue
+        verdict = "ok" if state.partitions == spec.partitions else f"settings: {spec.partitions}"
+        table.add_row(
+            spec.name,
+            str(state.partitions),
+            str(state.replication_factor),
+            *(state.config.get(k, "-") for k in KEY_CONFIGS),
+            verdict,
+        )
+    # A wide console: the table must not be cut when the output goes to a pipe or a file.
+    Console(width=160).print(table)
+    if missing:
+        raise typer.Exit(1)

@@ -1,0 +1,75 @@
+"""PostgreSQL access: the connection pool, migrations, and the one place DB errors are mapped.
+
+Every connection's search path starts with `PostgresSettings.db_schema` (see `conninfo()`), and
+`migrate` applies infra/migrations into that schema, so a test run gets a database of its own
+with one setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+from yoyo import get_backend, read_migrations
+
+from tidegate.core.errors import LifecycleUnavailableError
+from tidegate.core.settings import PostgresSettings
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+
+__all__ = ["MIGRATIONS_DIR", "POOL_TIMEOUT_S", "connection", "make_pool", "migrate"]
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "infra" / "migrations"
+
+POOL_TIMEOUT_S = 10.0
+"""How long a caller waits for a pooled connection before the store counts as unavailable."""
+
+
+def make_pool(pg: PostgresSettings, lc: LifecycleSettings) -> AsyncConnectionPool:
+    """A pool of autocommit connections (transactions are always explicit), not yet open.
+
+    `check` tests a connection as it leaves the pool, so a restarted server costs one failed
+    ping rather than one failed command.
+    """
+    return AsyncConnectionPool(
+        pg.conninfo(),
+        min_size=lc.pool_min_size,
+        max_size=max(lc.pool_max_size, lc.pool_min_size),
+        kwargs={"autocommit": True},
+        open=False,
+        name=f"tidegate-{pg.db_schema}",
+        timeout=POOL_TIMEOUT_S,
+        check=AsyncConnectionPool.check_connection,
+    )
+
+
+def migrate(pg: PostgresSettings, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Create `db_schema` if needed and apply the pending migrations into it; returns their ids.
+
+    Idempotent. yoyo keeps its bookkeeping tables in the same schema, so each schema is
+    migrated independently of the others.
+    """
+    with psycopg.connect(pg.conninfo(), autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(pg.db_schema)))
+    migrations = read_migrations(str(directory))
+    with get_backend(f"{pg.url()}?schema={pg.db_schema}") as backend, backend.lock():
+        pending = backend.to_apply(migrations)
+        backend.apply_migrations(pending)
+        return [str(m.id) for m in pending]
+
+
+@asynccontextmanager
+async def connection(pool: AsyncConnectionPool) -> AsyncIterator[psycopg.AsyncConnection]:
+    """A pooled connection; an unreachable server becomes `LifecycleUnavailableError`.
+
+    psycopg's OperationalError covers lost connections, pool timeouts (PoolTimeout is one),
+    shutdowns and lock timeouts: everything a caller can only retry later.
+    """
+    try:
+        async with pool.connection() as conn:
+            yield conn
+    except psycopg.OperationalError as exc:
+        raise LifecycleUnavailableError(f"the event store is unavailable: {exc}") from exc

@@ -1,0 +1,109 @@
+"""What the gateway talks to, behind small interfaces, and how the real ones are built.
+
+`GatewayConfig` bundles the settings; `GatewayServices` holds the publisher, the reply feed, the
+result store, the model catalog and the result decoder. `kafka_services` builds the real ones
+(Kafka, Redis, the registry, the artifact store, the lifecycle feed that says which versions are
+served); tests build in-memory ones instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidegate.core.settings import (
+    KafkaSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.model_catalog import ModelCatalog
+from tidegate.gateway.publisher import RequestPublisher
+from tidegate.gateway.replies import ReplyFeed
+from tidegate.gateway.result_store import ResultStore
+from tidegate.models.model_settings import ModelSettings
+
+__all__ = ["GatewayConfig", "GatewayServices", "ServicesFactory", "kafka_services"]
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    models: ModelSettings = field(default_factory=ModelSettings)
+
+
+@dataclass
+class GatewayServices:
+    catalog: ModelCatalog
+    publisher: RequestPublisher
+    feed: ReplyFeed
+    store: ResultStore
+    decode_result: Callable[[bytes], dict[str, Any]]
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in self.closers:
+            await close()
+
+
+ServicesFactory = Callable[[GatewayConfig], GatewayServices]
+
+
+def kafka_services(config: GatewayConfig) -> GatewayServices:
+    """The real services. Call it on the event loop that will use them."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from redis.asyncio import Redis
+
+    from tidegate.gateway.lease import PartitionLease
+    from tidegate.gateway.publisher import KafkaPublisher
+    from tidegate.gateway.reply_feed import KafkaReplyFeed
+    from tidegate.gateway.result_store import RedisResultStore
+    from tidegate.lifecycle.readmodels.feed import LifecycleFeed
+    from tidegate.models.store import LocalArtifactStore
+    from tidegate.schemas import INFERENCE_RESULT, AvroDecoder, load_schema
+
+    password = config.redis.password.get_secret_value() if config.redis.password else None
+    redis = Redis.from_url(config.redis.url, password=password)
+    decoder = AvroDecoder(
+        SchemaRegistryClient(config.registry.client_config()), load_schema(INFERENCE_RESULT)
+    )
+    ctx = SerializationContext(config.topics.replies, MessageField.VALUE)
+
+    def decode(raw: bytes) -> dict[str, Any]:
+        record: dict[str, Any] = decoder(raw, ctx)
+        return record
+
+    gateway = config.gateway
+    lease = PartitionLease(
+        redis, topic=config.topics.replies, owner=gateway.replica_id, lease_s=gateway.reply_lease_s
+    )
+    lifecycle = LifecycleFeed(
+        config.kafka, config.topics, config.registry, name=f"gateway-{gateway.replica_id}"
+    )
+    lifecycle.start()
+
+    async def stop_lifecycle() -> None:
+        await asyncio.to_thread(lifecycle.stop)
+
+    return GatewayServices(
+        catalog=ModelCatalog(LocalArtifactStore(config.models), lifecycle),
+        publisher=KafkaPublisher(config.kafka, config.topics, config.registry),
+        feed=KafkaReplyFeed(
+            config.kafka,
+            config.topics.replies,
+            lease,
+            decode,
+            renew_every_s=gateway.reply_lease_s / 3,
+        ),
+        store=RedisResultStore(redis, gateway.result_ttl_s),
+        decode_result=decode,
+        closers=[redis.aclose, stop_lifecycle],
+    )

@@ -1,0 +1,34 @@
+"""Settings of the V2 HTTP facade."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from tidegate.core.settings import instance_id, settings_config
+
+__all__ = ["GatewaySettings"]
+
+
+class GatewaySettings(BaseSettings):
+    """The V2 HTTP facade (env prefix `TIDEGATE_GATEWAY_`)."""
+
+    model_config = settings_config("TIDEGATE_GATEWAY_")
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    replica_id: str = Field(default_factory=instance_id, description="This replica's name.")
+    default_timeout_s: float = Field(
+        10.0, gt=0, description="How long a synchronous call waits for its result by default."
+    )
+    max_timeout_s: float = Field(120.0, gt=0, description="Longest timeout a caller may ask for.")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    max_in_flight: int = Field(
+        4096, ge=1, description="Requests awaiting results before new ones are shed with 503."
+    )
+    result_ttl_s: int = Field(3600, ge=1, description="How long results are kept in Redis.")
+    reply_lease_s: int = Field(
+        15, ge=2, description="Lease on this replica's reply partition, renewed at a third of it."
+    )

@@ -1,0 +1,48 @@
+"""The running state of one gateway replica, started and stopped by the app's lifespan."""
+
+from __future__ import annotations
+
+from tidegate.gateway.admission import Admission
+from tidegate.gateway.backends import GatewayConfig, GatewayServices
+from tidegate.gateway.infer import Inference
+from tidegate.gateway.replies import ReplyRouter
+
+__all__ = ["GatewayRuntime"]
+
+
+class GatewayRuntime:
+    """Services, router and admission of one replica. Create and start it on its event loop."""
+
+    def __init__(self, config: GatewayConfig, services: GatewayServices) -> None:
+        self.config = config
+        self.services = services
+        self.router = ReplyRouter(services.store)
+        self.admission = Admission(config.gateway.max_in_flight)
+        self.router.listeners.append(self.admission.on_result)
+        self.inference = Inference(config.gateway, services, self.router, self.admission)
+
+    async def start(self) -> None:
+        try:
+            await self.services.publisher.start()
+            await self.services.feed.start(self.router.deliver)
+        except BaseException:
+            await self.services.publisher.stop()
+            await self.services.close()
+            raise
+
+    async def stop(self) -> None:
+        try:
+            await self.services.feed.stop()
+            await self.router.drain()
+            await self.services.publisher.stop()
+        finally:
+            await self.services.close()
+
+    def not_ready(self) -> list[str]:
+        """What keeps this replica from serving; empty when it is ready."""
+        missing = []
+        if not self.services.publisher.connected:
+            missing.append("the Kafka producer is not connected")
+        if not self.services.feed.ready:
+            missing.append("no reply partition is leased and assigned")
+        return missing

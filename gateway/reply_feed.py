@@ -1,0 +1,164 @@
+"""The Kafka side of replies: this replica's leased partition of the replies topic, read in a
+thread.
+
+The consumer joins no group and never rebalances: it is `assign`ed the one partition this
+replica leases, at that partition's end offset read before the replica reports ready (a concrete
+offset: OFFSET_END would resolve lazily, after replies may have landed). Results are decoded in the
+thread and handed to the event loop with `call_soon_threadsafe`. The lease is renewed on the loop
+every `renew_every_s`; when it is lost the replica is not ready until it holds a partition again,
+possibly another one, to which the consumer then moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from redis.exceptions import RedisError
+
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import ConfigurationError, SerializationError
+from tidegate.core.kafka import consume_ready, make_consumer
+from tidegate.core.settings import KafkaSettings
+from tidegate.gateway.lease import PartitionLease
+from tidegate.gateway.replies import Deliver, ReplyFeed
+
+__all__ = ["KafkaReplyFeed"]
+
+_log = logging.getLogger(__name__)
+_BATCH = 256
+
+
+class KafkaReplyFeed(ReplyFeed):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topic: str,
+        lease: PartitionLease,
+        decode: Callable[[bytes], dict[str, Any]],
+        *,
+        renew_every_s: float,
+        group_id: str = "tidegate-gateway",
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._kafka = kafka
+        self._topic = topic
+        self._lease = lease
+        self._decode = decode
+        self._renew_every_s = renew_every_s
+        self._group_id = group_id
+        self._timeout_s = timeout_s
+        self._partitions = 0
+        self._want: int | None = None
+        self._assigned: int | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewer: asyncio.Task[None] | None = None
+
+    def reply_to(self) -> dict[str, Any] | None:
+        assigned = self._assigned
+        alive = self._thread is not None and self._thread.is_alive()
+        if (
+            alive
+            and self._lease.held
+            and assigned is not None
+            and assigned == self._lease.partition
+        ):
+            return {"topic": self._topic, "partition": assigned}
+        return None
+
+    async def start(self, deliver: Deliver) -> None:
+        loop = asyncio.get_running_loop()
+        consumer = make_consumer(self._kafka, self._group_id, {"enable.partition.eof": False})
+        try:
+            self._partitions = await asyncio.to_thread(self._count_partitions, consumer)
+        except BaseException:
+            consumer.close()
+            raise
+        await self._claim()
+        self._thread = threading.Thread(
+            target=self._run, args=(consumer, loop, deliver), name="gateway-replies", daemon=True
+        )
+        self._thread.start()
+        self._renewer = loop.create_task(self._renew_forever())
+
+    async def stop(self) -> None:
+        if self._renewer is not None:
+            await cancel_and_wait([self._renewer])
+        self._stopping.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        try:
+            await self._lease.release()
+        except RedisError as exc:
+            _log.warning("could not release the reply lease: %s", exc)
+
+    def _count_partitions(self, consumer: Consumer) -> int:
+        meta = consumer.list_topics(self._topic, timeout=self._timeout_s).topics.get(self._topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ConfigurationError(f"replies topic {self._topic!r} does not exist")
+        return len(meta.partitions)
+
+    async def _claim(self) -> None:
+        try:
+            if self._lease.partition is None or not await self._lease.renew():
+                await self._lease.acquire(self._partitions)
+        except RedisError as exc:
+            # Keep reading the partition we have: replies may still arrive for calls waiting.
+            self._lease.held = False
+            _log.warning("reply lease not renewed, replica not ready: %s", exc)
+            return
+        if not self._lease.held:
+            _log.warning("no free partition of %s: replica not ready", self._topic)
+        self._want = self._lease.partition if self._lease.held else None
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every_s)
+            await self._claim()
+
+    def _assign(self, consumer: Consumer, partition: int | None) -> bool:
+        try:
+            if partition is None:
+                consumer.unassign()
+            else:
+                tp = TopicPartition(self._topic, partition)
+                _, high = consumer.get_watermark_offsets(tp, timeout=self._timeout_s)
+                consumer.assign([TopicPartition(self._topic, partition, high)])
+        except KafkaException as exc:
+            _log.warning("could not assign %s[%s]: %s", self._topic, partition, exc)
+            return False
+        self._assigned = partition
+        _log.info("reading replies from %s[%s]", self._topic, partition)
+        return True
+
+    def _run(self, consumer: Consumer, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
+        try:
+            while not self._stopping.is_set():
+                want = self._want
+                if want != self._assigned and not self._assign(consumer, want):
+                    self._stopping.wait(0.5)
+                    continue
+                if self._assigned is None:
+                    self._stopping.wait(0.1)
+                    continue
+                for msg in consume_ready(consumer, _BATCH, 0.1):
+                    if msg.error() is not None:
+                        _log.warning("replies consumer: %s", msg.error())
+                        continue
+                    raw = msg.value()
+                    if raw is None:
+                        continue
+                    try:
+                        result = self._decode(raw)
+                    except SerializationError as exc:
+                        _log.warning("undecodable reply at offset %s: %s", msg.offset(), exc)
+                        continue
+                    loop.call_soon_threadsafe(deliver, result, raw)
+        finally:
+            self._assigned = None
+            consumer.close()

@@ -1,0 +1,82 @@
+"""Settings of the model lifecycle: event store, outbox relay, canary controller, retention."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from tidegate.core.settings import settings_config
+
+__all__ = ["LifecycleSettings"]
+
+
+class LifecycleSettings(BaseSettings):
+    """The model lifecycle: event store, outbox relay and rollout controller
+    (env prefix `TIDEGATE_LIFECYCLE_`)."""
+
+    model_config = settings_config("TIDEGATE_LIFECYCLE_")
+
+    pool_min_size: int = Field(1, ge=0, le=100, description="Connections the pool keeps open.")
+    pool_max_size: int = Field(4, ge=1, le=100, description="Most connections in the pool.")
+    outbox_poll_s: float = Field(
+        0.5, gt=0, le=60, description="How often the relay looks for unpublished events."
+    )
+    promote_min_agreement: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="Least shadow class agreement (or cosine similarity) `promote` accepts.",
+    )
+    promote_min_samples: int = Field(
+        100, ge=0, description="Fewest shadow comparisons before the agreement gate can pass."
+    )
+    canary_steps: tuple[int, ...] = Field(
+        (10, 50, 100), description="Default canary weights in percent, ending at 100."
+    )
+    canary_dwell_s: float = Field(60.0, gt=0, description="Default time at each canary step.")
+    canary_max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="Roll back when the candidate's error rate exceeds this."
+    )
+    canary_max_error_rate_increase: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Roll back when the candidate's error rate exceeds the baseline's by this.",
+    )
+    canary_max_p99_ratio: float = Field(
+        2.0, gt=0, description="Roll back when the candidate's p99 exceeds baseline's times this."
+    )
+    canary_min_requests: int = Field(
+        20, ge=1, description="Candidate results needed before thresholds are judged."
+    )
+    canary_confidence_z: float = Field(
+        1.645,
+        ge=0,
+        le=5,
+        description="Error rates are judged by the lower bound of their Wilson interval at this "
+        "z (1.645: one-sided 95%), so a handful of errors in a small sample does not roll back.",
+    )
+    canary_warm_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Roll a canary back when no worker has warmed its candidate in this time.",
+    )
+    canary_min_latency_samples: int = Field(
+        100, ge=1, description="Results each side needs before the p99 ratio is judged."
+    )
+    canary_min_p99_gap_ms: float = Field(
+        10.0, ge=0, description="A p99 regression must also exceed the baseline's by this much."
+    )
+    controller_tick_s: float = Field(
+        0.5, gt=0, le=60, description="How often the canary controller evaluates."
+    )
+    lineage_retention_days: float = Field(
+        30.0,
+        ge=0,
+        le=36500,
+        description="The controller deletes `served_requests` and `shadow_comparisons` rows older "
+        "than this (0: keep them forever). Never less than the canary windows' horizon.",
+    )
+    lineage_prune_every_s: float = Field(
+        600.0, gt=0, description="How often the controller deletes expired lineage rows."
+    )

@@ -1,0 +1,28 @@
+"""Settings of the artifact store and the model runtimes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from tidegate.core.settings import settings_config
+
+__all__ = ["ModelSettings"]
+
+
+class ModelSettings(BaseSettings):
+    """The artifact store and the model runtimes (env prefix `TIDEGATE_MODELS_`)."""
+
+    model_config = settings_config("TIDEGATE_MODELS_")
+
+    store_dir: Path = Field(Path("var/models"), description="Root of the local artifact store.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto picks CUDA when present, the CPU otherwise."
+    )
+    intra_op_threads: int = Field(
+        1, ge=1, le=256, description="Threads inside one operator (onnxruntime and torch)."
+    )
+    inter_op_threads: int = Field(1, ge=1, le=256, description="Threads across operators.")
