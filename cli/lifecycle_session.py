@@ -13,14 +13,15 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, NoReturn, TypeVar
 
 import typer
 
 from tidegate.core.errors import ConcurrencyConflictError, TidegateError
 from tidegate.lifecycle.operations.commands import LifecycleCommands
+from tidegate.lifecycle.operations.sessions import command_session
 
 __all__ = [
     "EXIT_CONFLICT",
@@ -35,7 +36,6 @@ __all__ = [
 T = TypeVar("T")
 EXIT_REFUSED = 1
 EXIT_CONFLICT = 3
-_OPEN_TIMEOUT_S = 15.0
 
 
 def actor() -> str:
@@ -50,46 +50,10 @@ def actor() -> str:
         return "cli:unknown"
 
 
-@asynccontextmanager
-async def session(*, write: bool) -> AsyncIterator[LifecycleCommands]:
+def session(*, write: bool) -> AbstractAsyncContextManager[LifecycleCommands]:
     """Commands over the configured event store. Only writes open a Kafka producer (the outbox
     relay publishes each append at once); reads touch PostgreSQL alone."""
-    from tidegate.core.db import make_pool
-    from tidegate.core.errors import LifecycleUnavailableError
-    from tidegate.core.settings import (
-        KafkaSettings,
-        PostgresSettings,
-        SchemaRegistrySettings,
-        TopicSettings,
-    )
-    from tidegate.lifecycle.eventstore.event_store import EventStore
-    from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
-    from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
-    from tidegate.models.model_settings import ModelSettings
-    from tidegate.models.store import LocalArtifactStore
-
-    pg, lc, models = PostgresSettings(), LifecycleSettings(), ModelSettings()
-    store = LocalArtifactStore(models)
-    if write:
-        log = LifecycleLog.from_settings(
-            pg, lc, KafkaSettings(), TopicSettings(), SchemaRegistrySettings()
-        )
-        async with log:
-            # One store for reads and appends: one fold cache, so a command reads its stream once.
-            yield LifecycleCommands(log, log.pool, store, lc, models=models, events=log.store)
-        return
-    pool = make_pool(pg, lc)
-    try:
-        await pool.open(wait=True, timeout=_OPEN_TIMEOUT_S)
-    except Exception as exc:
-        await pool.close()
-        raise LifecycleUnavailableError(f"cannot reach the event store: {exc}") from exc
-    try:
-        # Reads append nothing; the store itself stands in for the log.
-        events = EventStore(pool)
-        yield LifecycleCommands(events, pool, store, lc, models=models, events=events)
-    finally:
-        await pool.close()
+    return command_session(write=write)
 
 
 def run(action: Callable[[LifecycleCommands], Awaitable[T]], *, write: bool, as_json: bool) -> T:

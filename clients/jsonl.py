@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tidegate.core.errors import InvalidInputError
-from tidegate.gateway.v2 import V2Input, scalar_parameters, tensor_records
+from tidegate.schemas.v2 import V2Input, scalar_parameters, tensor_records
 
 __all__ = ["LineRequest", "parse_line"]
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -42,7 +41,7 @@ from tidegate.schemas import (
     AvroEncoder,
     load_schema,
 )
-from tidegate.schemas.tensors import from_numpy
+from tidegate.schemas.requests import Inputs, build_request, request_key
 
 __all__ = [
     "DeliveryCallback",
@@ -53,60 +52,12 @@ __all__ = [
 ]
 
 DeliveryCallback = Callable[[str, Exception | None], None]
-Inputs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 
 class PublishError(RetriableError):
     """Kafka did not take the request (brokers down, topic missing, delivery timed out)."""
 
     code = "PUBLISH_FAILED"
-
-
-def _tensors(inputs: Inputs) -> list[dict[str, Any]]:
-    if isinstance(inputs, Mapping):
-        return [from_numpy(name, np.asarray(value)) for name, value in inputs.items()]
-    return [dict(tensor) for tensor in inputs]
-
-
-def _deadline(deadline: datetime | timedelta | None, now: datetime) -> datetime | None:
-    if isinstance(deadline, timedelta):
-        return now + deadline
-    return deadline
-
-
-def build_request(
-    model: str,
-    inputs: Inputs,
-    *,
-    version: str | None = None,
-    routing_key: str | None = None,
-    tenant: str = "default",
-    deadline: datetime | timedelta | None = None,
-    request_id: str | None = None,
-    outputs: Sequence[str] = (),
-    parameters: Mapping[str, Any] | None = None,
-    reply_to: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """An `InferenceRequest` record; `inputs` are named arrays or `Tensor` records."""
-    now = datetime.now(UTC)
-    return {
-        "request_id": request_id or uuid.uuid4().hex,
-        "model": model,
-        "model_version": version,
-        "tenant": tenant,
-        "routing_key": routing_key,
-        "inputs": _tensors(inputs),
-        "outputs": list(outputs),
-        "parameters": dict(parameters or {}),
-        "deadline": _deadline(deadline, now),
-        "created_at": now,
-        "reply_to": dict(reply_to) if reply_to else None,
-    }
-
-
-def request_key(record: Mapping[str, Any]) -> bytes:
-    """The Kafka key of a request (and of its result): routing key, else request id."""
-    return str(record.get("routing_key") or record["request_id"]).encode()
 
 
 class TidegateProducer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
@@ -18,9 +19,15 @@ from yoyo import get_backend, read_migrations
 
 from tidegate.core.errors import LifecycleUnavailableError
 from tidegate.core.settings import PostgresSettings
-from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
-__all__ = ["MIGRATIONS_DIR", "POOL_TIMEOUT_S", "connection", "make_pool", "migrate"]
+__all__ = [
+    "MIGRATIONS_DIR",
+    "POOL_TIMEOUT_S",
+    "PoolSizing",
+    "connection",
+    "make_pool",
+    "migrate",
+]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "infra" / "migrations"
 
@@ -28,7 +35,18 @@ POOL_TIMEOUT_S = 10.0
 """How long a caller waits for a pooled connection before the store counts as unavailable."""
 
 
-def make_pool(pg: PostgresSettings, lc: LifecycleSettings) -> AsyncConnectionPool:
+class PoolSizing(Protocol):
+    """How many connections a component's pool keeps: its own settings say (the lifecycle's
+    `TIDEGATE_LIFECYCLE_POOL_*`), so the ground layer needs no component's settings class."""
+
+    @property
+    def pool_min_size(self) -> int: ...
+
+    @property
+    def pool_max_size(self) -> int: ...
+
+
+def make_pool(pg: PostgresSettings, lc: PoolSizing) -> AsyncConnectionPool:
     """A pool of autocommit connections (transactions are always explicit), not yet open.
 
     `check` tests a connection as it leaves the pool, so a restarted server costs one failed

@@ -26,6 +26,7 @@ __all__ = [
     "InvalidVersionError",
     "LifecycleError",
     "LifecycleUnavailableError",
+    "MalformedRequestError",
     "ModelExecutionError",
     "ModelNotFoundError",
     "ModelUnavailableError",
@@ -183,6 +184,12 @@ class InvalidInputError(InferenceError, FatalError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class MalformedRequestError(InvalidInputError):
+    """The body is not a V2 request at all: bad JSON, bad framing of the binary extension."""
+
+    code = "MALFORMED_REQUEST"
 
 
 class DeadlineExceededError(InferenceError, FatalError):

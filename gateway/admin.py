@@ -10,8 +10,8 @@ transition or a failed promotion gate, 400 for malformed arguments.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,6 +36,7 @@ from tidegate.lifecycle.domain.parse import parse_at
 from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.lifecycle.operations.commands import LifecycleCommands
+from tidegate.lifecycle.operations.sessions import command_session
 
 __all__ = [
     "ANONYMOUS",
@@ -128,38 +129,21 @@ AdminFactory = Callable[[GatewayConfig], AbstractAsyncContextManager[LifecycleCo
 """What `create_app(admin=...)` takes: opens the commands for the app's lifetime."""
 
 
-@asynccontextmanager
-async def lifecycle_admin(config: GatewayConfig) -> AsyncIterator[LifecycleCommands]:
+def lifecycle_admin(config: GatewayConfig) -> AbstractAsyncContextManager[LifecycleCommands]:
     """The real commands: the event store in PostgreSQL (TIDEGATE_POSTGRES_*), publishing through
-    the outbox to the gateway's Kafka, the gateway's artifact store, TIDEGATE_LIFECYCLE_*.
+    the outbox to the gateway's Kafka, the artifact store of TIDEGATE_MODELS_*, and
+    TIDEGATE_LIFECYCLE_*.
 
     The pool opens without waiting for PostgreSQL: the V2 inference path does not need the
     event store, so its absence makes /admin answer 503, not the gateway fail to start.
     """
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
-    from tidegate.core.db import make_pool
-    from tidegate.core.settings import PostgresSettings
-    from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
-    from tidegate.lifecycle.eventstore.event_store import EventStore
-    from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
-    from tidegate.lifecycle.eventstore.outbox import OutboxRelay
-    from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
-    from tidegate.models.store import LocalArtifactStore
-
-    lc = LifecycleSettings()
-    pool = make_pool(PostgresSettings(), lc)
-    codec = LifecycleCodec(SchemaRegistryClient(config.registry.client_config()), config.topics)
-    relay = OutboxRelay(
-        pool, config.kafka, config.topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s
+    return command_session(
+        write=True,
+        kafka=config.kafka,
+        topics=config.topics,
+        registry=config.registry,
+        wait_for_store=False,
     )
-    await pool.open(wait=False)
-    try:
-        async with LifecycleLog(EventStore(pool), relay) as log:
-            store = LocalArtifactStore(config.models)
-            yield LifecycleCommands(log, pool, store, lc, models=config.models, events=log.store)
-    finally:
-        await pool.close()
 
 
 Commands = Annotated[LifecycleCommands, Depends(_commands)]

@@ -2,8 +2,8 @@
 
 `GatewayConfig` bundles the settings; `GatewayServices` holds the publisher, the reply feed, the
 result store, the model catalog and the result decoder. `kafka_services` builds the real ones
-(Kafka, Redis, the registry, the artifact store, the lifecycle feed that says which versions are
-served); tests build in-memory ones instead.
+(Kafka, Redis, the registry, and the lifecycle feed that says which versions are served and what
+their signatures are); tests build in-memory ones instead.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.serialization import MessageField, SerializationContext
+from redis.asyncio import Redis
+
 from tidegate.core.settings import (
     KafkaSettings,
     RedisSettings,
@@ -20,11 +24,14 @@ from tidegate.core.settings import (
     TopicSettings,
 )
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.lease import PartitionLease
 from tidegate.gateway.model_catalog import ModelCatalog
-from tidegate.gateway.publisher import RequestPublisher
+from tidegate.gateway.publisher import KafkaPublisher, RequestPublisher
 from tidegate.gateway.replies import ReplyFeed
-from tidegate.gateway.result_store import ResultStore
-from tidegate.models.model_settings import ModelSettings
+from tidegate.gateway.reply_feed import KafkaReplyFeed
+from tidegate.gateway.result_store import RedisResultStore, ResultStore
+from tidegate.lifecycle.readmodels.feed import LifecycleFeed
+from tidegate.schemas import INFERENCE_RESULT, AvroDecoder, load_schema
 
 __all__ = ["GatewayConfig", "GatewayServices", "ServicesFactory", "kafka_services"]
 
@@ -36,7 +43,6 @@ class GatewayConfig:
     topics: TopicSettings = field(default_factory=TopicSettings)
     registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
-    models: ModelSettings = field(default_factory=ModelSettings)
 
 
 @dataclass
@@ -58,17 +64,6 @@ ServicesFactory = Callable[[GatewayConfig], GatewayServices]
 
 def kafka_services(config: GatewayConfig) -> GatewayServices:
     """The real services. Call it on the event loop that will use them."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-    from confluent_kafka.serialization import MessageField, SerializationContext
-    from redis.asyncio import Redis
-
-    from tidegate.gateway.lease import PartitionLease
-    from tidegate.gateway.publisher import KafkaPublisher
-    from tidegate.gateway.reply_feed import KafkaReplyFeed
-    from tidegate.gateway.result_store import RedisResultStore
-    from tidegate.lifecycle.readmodels.feed import LifecycleFeed
-    from tidegate.models.store import LocalArtifactStore
-    from tidegate.schemas import INFERENCE_RESULT, AvroDecoder, load_schema
 
     password = config.redis.password.get_secret_value() if config.redis.password else None
     redis = Redis.from_url(config.redis.url, password=password)
@@ -94,7 +89,7 @@ def kafka_services(config: GatewayConfig) -> GatewayServices:
         await asyncio.to_thread(lifecycle.stop)
 
     return GatewayServices(
-        catalog=ModelCatalog(LocalArtifactStore(config.models), lifecycle),
+        catalog=ModelCatalog(lifecycle),
         publisher=KafkaPublisher(config.kafka, config.topics, config.registry),
         feed=KafkaReplyFeed(
             config.kafka,

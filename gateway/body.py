@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from tidegate.core.errors import MalformedRequestError
 from tidegate.gateway.http_errors import (
-    MalformedRequestError,
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )

@@ -10,18 +10,11 @@ from __future__ import annotations
 from tidegate.core.errors import FatalError, InvalidInputError, RetriableError
 
 __all__ = [
-    "MalformedRequestError",
     "PayloadTooLargeError",
     "RequestNotFoundError",
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
 ]
-
-
-class MalformedRequestError(InvalidInputError):
-    """The body is not a V2 request at all: bad JSON, bad framing of the binary extension."""
-
-    code = "MALFORMED_REQUEST"
 
 
 class PayloadTooLargeError(InvalidInputError):

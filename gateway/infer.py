@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from tidegate.clients.producer import PublishError, build_request
+from tidegate.clients.producer import PublishError
 from tidegate.core.errors import (
     InvalidInputError,
     ModelUnavailableError,
@@ -32,14 +32,15 @@ from tidegate.core.errors import (
 from tidegate.gateway import http_metrics as metrics
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.backends import GatewayServices
-from tidegate.gateway.binary import HEADER_LENGTH, split_body
 from tidegate.gateway.body import read_body
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import RequestNotFoundError
 from tidegate.gateway.problems import error_problem
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.responses import OutputPrefs, render_result
-from tidegate.gateway.v2 import V2Request, input_records, parse_request, scalar_parameters
+from tidegate.schemas.requests import build_request
+from tidegate.schemas.v2 import V2Request, input_records, parse_request, scalar_parameters
+from tidegate.schemas.v2_binary import HEADER_LENGTH, split_body
 
 __all__ = ["REQUEST_TIMEOUT", "Inference", "location", "prefers_async"]
 
@@ -148,9 +149,9 @@ class Inference:
             header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
             v2 = parse_request(header)
             request_id = self._request_id(v2.id)
-            manifest = await self._services.catalog.manifest(model, version)
+            signature = await self._services.catalog.signature(model, version)
             known_model = model
-            inputs = input_records(v2, binary, manifest.signature)
+            inputs = input_records(v2, binary, signature)
             wait_s = self._wait_s(request)
             record = self._record(model, version, v2, inputs, request_id)
             meta = {"model": model, "prefs": OutputPrefs.from_request(v2).to_meta()}

@@ -3,8 +3,9 @@
 What is served comes from the model lifecycle (a `tidegate.lifecycle.readmodels.feed.LifecycleFeed`,
 kept current from the `model-lifecycle` topic): a model is served while it has a primary version; a
 version may be asked for by name while it is validated and not retired; a version is ready once some
-worker reported it loaded and warmed up. Manifests (signatures, runtime) come from the artifact
-store (`tidegate.models.store.LocalArtifactStore`, or anything with its `manifest` method).
+worker reported it loaded and warmed up. A version's signature and runtime come from the lifecycle
+state too (`ModelRegistered` carries them), so the gateway never reads the artifact store and can
+run where the model files are not.
 
 The gateway never routes: a request without a version is checked against the primary's
 signature, and the worker that takes it decides the version (`tidegate.lifecycle.domain.routing`).
@@ -14,22 +15,19 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from cachetools import TTLCache
+from cachetools import LRUCache
+from pydantic import ValidationError
 
 from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError
-from tidegate.lifecycle.domain.state import ModelState
-from tidegate.models.manifest import Manifest
-from tidegate.models.store.files import natural_key
+from tidegate.lifecycle.domain.state import ModelState, VersionState
+from tidegate.schemas.signature import Signature
+from tidegate.schemas.version_order import natural_key
 
-__all__ = ["PLATFORMS", "LifecycleView", "ManifestSource", "ModelCatalog"]
+__all__ = ["PLATFORMS", "LifecycleView", "ModelCatalog"]
 
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torch": "pytorch_torchscript"}
-# Versions are immutable, but a version can be removed: cached manifests expire soon enough.
-_CACHE_TTL_S = 10.0
-
-
-class ManifestSource(Protocol):
-    async def manifest(self, name: str, version: str) -> Manifest: ...
+# Parsed signatures, keyed by their text: a version's signature never changes once registered.
+_SIGNATURES = 1024
 
 
 class LifecycleView(Protocol):
@@ -41,13 +39,10 @@ class LifecycleView(Protocol):
 
 
 class ModelCatalog:
-    def __init__(
-        self, source: ManifestSource, lifecycle: LifecycleView, *, catch_up_s: float = 10.0
-    ) -> None:
-        self._source = source
+    def __init__(self, lifecycle: LifecycleView, *, catch_up_s: float = 10.0) -> None:
         self._lifecycle = lifecycle
         self._catch_up_s = catch_up_s
-        self._manifests: TTLCache[tuple[str, str], Manifest] = TTLCache(1024, _CACHE_TTL_S)
+        self._signatures: LRUCache[str, Signature] = LRUCache(_SIGNATURES)
 
     async def _state(self, name: str) -> ModelState:
         # Until the feed has replayed the topic, "unknown model" could be a lie: wait for it
@@ -65,47 +60,55 @@ class ModelCatalog:
             raise ModelNotFoundError(f"model {name!r} has no primary version")
         return state.primary
 
-    async def _resolve(self, name: str, version: str | None) -> tuple[ModelState, str]:
+    async def _resolve(self, name: str, version: str | None) -> tuple[ModelState, VersionState]:
         state = await self._state(name)
         if version is None:
             if state.primary is None:
                 raise ModelNotFoundError(f"model {name!r} has no primary version")
-            return state, state.primary
+            version = state.primary
         found = state.version(version)
         if found is None or not found.servable:
             why = "is unknown" if found is None else f"is {found.status.value}"
             raise ModelNotFoundError(f"model {name!r} version {version!r} {why}")
-        return state, version
+        return state, found
 
-    async def manifest(self, name: str, version: str | None = None) -> Manifest:
-        """The manifest of a servable version, or of the primary; `ModelNotFoundError` if none."""
-        _, resolved = await self._resolve(name, version)
-        cached = self._manifests.get((name, resolved))
+    def _signature(self, name: str, found: VersionState) -> Signature:
+        cached = self._signatures.get(found.signature_json)
         if cached is not None:
             return cached
-        found = await self._source.manifest(name, resolved)
-        self._manifests[(name, resolved)] = found
-        return found
+        try:
+            parsed = Signature.model_validate_json(found.signature_json)
+        except ValidationError as exc:
+            # Registration validates the signature, so this is a damaged event, not a bad request.
+            raise ModelUnavailableError(
+                f"model {name!r} version {found.version!r} has no usable signature: {exc}"
+            ) from exc
+        self._signatures[found.signature_json] = parsed
+        return parsed
+
+    async def signature(self, name: str, version: str | None = None) -> Signature:
+        """The signature of a servable version, or of the primary; `ModelNotFoundError` if none."""
+        _, found = await self._resolve(name, version)
+        return self._signature(name, found)
 
     async def check_ready(self, name: str, version: str | None = None) -> None:
         """Return when a worker has the version (or the primary) loaded and warm; otherwise
         `ModelUnavailableError` (or `ModelNotFoundError` when it is not served at all)."""
-        state, resolved = await self._resolve(name, version)
-        found = state.version(resolved)
-        if found is None or not found.ready:
+        _, found = await self._resolve(name, version)
+        if not found.ready:
             raise ModelUnavailableError(
-                f"model {name!r} version {resolved!r} is not loaded by any worker yet"
+                f"model {name!r} version {found.version!r} is not loaded by any worker yet"
             )
 
     async def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         """V2 model metadata; `versions` lists every version that may be asked for by name."""
-        state, _ = await self._resolve(name, version)
-        manifest = await self.manifest(name, version)
+        state, found = await self._resolve(name, version)
+        signature = self._signature(name, found)
         servable = sorted((v.version for v in state.versions if v.servable), key=natural_key)
         return {
             "name": name,
             "versions": servable,
-            "platform": PLATFORMS.get(manifest.runtime, manifest.runtime),
-            "inputs": [spec.model_dump(mode="json") for spec in manifest.signature.inputs],
-            "outputs": [spec.model_dump(mode="json") for spec in manifest.signature.outputs],
+            "platform": PLATFORMS.get(found.runtime, found.runtime),
+            "inputs": [spec.model_dump(mode="json") for spec in signature.inputs],
+            "outputs": [spec.model_dump(mode="json") for spec in signature.outputs],
         }

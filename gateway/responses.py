@@ -17,10 +17,10 @@ import numpy as np
 from fastapi.responses import JSONResponse, Response
 
 from tidegate.core.errors import InvalidInputError
-from tidegate.gateway.binary import HEADER_LENGTH, join_body
 from tidegate.gateway.problems import result_problem
-from tidegate.gateway.v2 import BINARY_DATA_SIZE, V2Request
 from tidegate.schemas.tensors import DATATYPES, decode_bytes_elements
+from tidegate.schemas.v2 import BINARY_DATA_SIZE, V2Request
+from tidegate.schemas.v2_binary import HEADER_LENGTH, join_body
 
 __all__ = ["OutputPrefs", "render_result", "v2_response"]
 

@@ -42,6 +42,9 @@ class VersionState:
     artifact_uri: str = ""
     sha256: tuple[tuple[str, str], ...] = ()
     registered_by: str = "system"
+    signature_json: str = "{}"
+    """The V2 signature the version was registered with (`ModelRegistered.signature_json`): what
+    the gateway checks requests against, so it never reads the artifact store."""
     weight: int = 0
     shadow_rate: float | None = None
     loaded_on: frozenset[str] = frozenset()
@@ -179,6 +182,7 @@ def _apply(s: ModelState, p: ev.Payload, e: ev.RecordedEvent) -> ModelState:
             artifact_uri=p.artifact_uri,
             sha256=tuple(sorted(p.sha256.items())),
             registered_by=e.actor,
+            signature_json=p.signature_json,
             updated_at=at,
         )
         return _put(s, version)

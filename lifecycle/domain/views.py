@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from psycopg.types.json import Jsonb
-
 from tidegate.lifecycle.domain import events as ev
 
 __all__ = [
@@ -165,9 +163,8 @@ class Lineage:
         return cls(**values)
 
     def row(self) -> tuple[Any, ...]:
-        values = [getattr(self, name) for name in self.COLUMNS]
-        values[self.COLUMNS.index("sha256")] = Jsonb(self.sha256)
-        return tuple(values)
+        """Column values in `COLUMNS` order; the store adapts `sha256` to JSONB when it writes."""
+        return tuple(getattr(self, name) for name in self.COLUMNS)
 
 
 def lineage_rows(model: str, events: Sequence[ev.RecordedEvent]) -> list[tuple[Any, ...]]:

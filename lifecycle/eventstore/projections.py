@@ -192,7 +192,12 @@ async def write(
     await _insert(conn, "lifecycle_models", [_model_row(state)])
     await _insert(conn, "routing_versions", _version_rows(state))
     await _insert(conn, "routing_rules", _rule_rows(state))
-    await _insert(conn, "version_lineage", lineage_rows(model, events))
+    sha256 = Lineage.COLUMNS.index("sha256")
+    rows = [
+        (*row[:sha256], Jsonb(row[sha256]), *row[sha256 + 1 :])
+        for row in lineage_rows(model, events)
+    ]
+    await _insert(conn, "version_lineage", rows)
     await _insert(conn, "version_history", [_history_row(e) for e in new])
 
 

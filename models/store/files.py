@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
 from tidegate.core.errors import ArtifactError, ArtifactIntegrityError
 from tidegate.models.manifest import Manifest
+from tidegate.schemas.version_order import natural_key
 
 __all__ = [
     "check_layout",
@@ -40,10 +40,6 @@ def label(manifest: Manifest) -> str:
 
 def content(manifest: Manifest) -> dict[str, object]:
     return manifest.model_dump(mode="json", exclude={"created_at"})
-
-
-def natural_key(version: str) -> list[tuple[int, int | str]]:
-    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", version) if p]
 
 
 def check_layout(manifest: Manifest) -> None:

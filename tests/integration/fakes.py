@@ -13,7 +13,6 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.support import unique
 from tests.unit.gateway_harness import compute
-from tidegate.clients.producer import request_key
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.schemas import (
@@ -24,6 +23,7 @@ from tidegate.schemas import (
     load_schema,
 )
 from tidegate.schemas.registration import RegistryHttp, register_all
+from tidegate.schemas.requests import request_key
 
 __all__ = ["FakeWorker", "register_subjects"]
 

@@ -1,5 +1,5 @@
 """The gateway unit tests' harness: the gateway app with Kafka and Redis replaced by in-memory
-fakes behind its own interfaces (`RequestPublisher`, `ReplyFeed`, `ResultStore`, `ManifestSource`).
+fakes behind its own interfaces (`RequestPublisher`, `ReplyFeed`, `ResultStore`, `LifecycleView`).
 The fake publisher plays the worker and answers each request through the fake feed, or holds the
 answer back until the test releases it."""
 
@@ -19,9 +19,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support import wait_for
-from tests.unit.test_service import lifecycle_state, registered
+from tests.unit.agents.test_dataplane import lifecycle_state, registered
 from tidegate.clients.producer import PublishError
-from tidegate.core.errors import ModelNotFoundError
 from tidegate.gateway.app import create_app
 from tidegate.gateway.backends import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
@@ -31,8 +30,6 @@ from tidegate.gateway.replies import Deliver, ReplyFeed
 from tidegate.gateway.result_store import ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.state import ModelState
-from tidegate.models.manifest import Manifest
-from tidegate.models.model_settings import ModelSettings
 from tidegate.schemas import INFERENCE_RESULT, load_schema
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import from_numpy, to_numpy
@@ -46,33 +43,8 @@ ECHO = Signature(
     inputs=(TensorSpec(name="text", datatype="BYTES", shape=(-1,)),),
     outputs=(TensorSpec(name="echo", datatype="BYTES", shape=(-1,)),),
 )
-
-
-def manifest(name: str, version: str, signature: Signature, runtime: str = "onnx") -> Manifest:
-    return Manifest.model_validate(
-        {
-            "name": name,
-            "version": version,
-            "runtime": runtime,
-            "entrypoint": "model.bin",
-            "files": {"model.bin": "0" * 64},
-            "signature": signature,
-        }
-    )
-
-
-class MemorySource:
-    def __init__(self, *manifests: Manifest) -> None:
-        self._by_key = {(m.name, m.version): m for m in manifests}
-
-    async def manifest(self, name: str, version: str) -> Manifest:
-        found = self._by_key.get((name, version))
-        if found is None:
-            raise ModelNotFoundError(f"no model {name!r} version {version!r}")
-        return found
-
-    async def versions(self, name: str) -> list[str]:
-        return sorted(v for n, v in self._by_key if n == name)
+FRAUD_JSON = FRAUD.model_dump_json()
+ECHO_JSON = ECHO.model_dump_json()
 
 
 def encode_result(result: dict[str, Any]) -> bytes:
@@ -210,8 +182,13 @@ class MemoryLifecycle:
 def served_models() -> MemoryLifecycle:
     """fraud 1 (primary) and 2, echo 1 (primary): validated and warm on some worker."""
     return MemoryLifecycle(
-        lifecycle_state("fraud", *registered("1", "2"), ev.Promoted("1")),
-        lifecycle_state("echo", *registered("1"), ev.Promoted("1")),
+        lifecycle_state(
+            "fraud",
+            *registered("1", signature_json=FRAUD_JSON),
+            *registered("2", signature_json=FRAUD_JSON, runtime="torch"),
+            ev.Promoted("1"),
+        ),
+        lifecycle_state("echo", *registered("1", signature_json=ECHO_JSON), ev.Promoted("1")),
     )
 
 
@@ -221,23 +198,15 @@ class Harness:
         self.feed = FakeFeed()
         self.worker = FakeWorker(self.feed)
         self.store = MemoryStore()
-        source = MemorySource(
-            manifest("fraud", "1", FRAUD),
-            manifest("fraud", "2", FRAUD, runtime="torch"),
-            manifest("echo", "1", ECHO),
-        )
         self.services = GatewayServices(
-            catalog=ModelCatalog(source, self.lifecycle),
+            catalog=ModelCatalog(self.lifecycle),
             publisher=self.worker,
             feed=self.feed,
             store=self.store,
             decode_result=decode_result,
         )
         settings = {"default_timeout_s": 5.0, "max_body_bytes": 4096, **gateway}
-        self.config = GatewayConfig(
-            gateway=GatewaySettings(**settings),
-            models=ModelSettings(store_dir=tmp_path),
-        )
+        self.config = GatewayConfig(gateway=GatewaySettings(**settings))
 
     def client(self) -> TestClient:
         return TestClient(create_app(self.config, lambda _config: self.services))

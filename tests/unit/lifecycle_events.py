@@ -42,12 +42,23 @@ def recorded(
     ]
 
 
-def registered_and_validated(*versions: str, loaded_on: str | None = None) -> list[ev.Payload]:
+def registered_and_validated(
+    *versions: str,
+    loaded_on: str | None = None,
+    signature_json: str = "{}",
+    runtime: str = "onnx",
+) -> list[ev.Payload]:
     """Register and validate each version; with `loaded_on`, also report it warm on that worker."""
     out: list[ev.Payload] = []
     for version in versions:
         out.append(
-            ev.ModelRegistered(version, "onnx", f"store://m/{version}", {"model.onnx": "0" * 64})
+            ev.ModelRegistered(
+                version,
+                runtime,
+                f"store://m/{version}",
+                {"model.onnx": "0" * 64},
+                signature_json=signature_json,
+            )
         )
         out.append(ev.ArtifactValidated(version))
         if loaded_on:

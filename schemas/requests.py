@@ -1,0 +1,67 @@
+"""`InferenceRequest` records: how the producer client and the gateway build them and key them.
+
+No I/O: building a record is the same whoever publishes it afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from tidegate.schemas.tensors import from_numpy
+
+__all__ = ["Inputs", "build_request", "request_key"]
+
+Inputs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+"""Named arrays, or `Tensor` records as they are."""
+
+
+def _tensors(inputs: Inputs) -> list[dict[str, Any]]:
+    if isinstance(inputs, Mapping):
+        return [from_numpy(name, np.asarray(value)) for name, value in inputs.items()]
+    return [dict(tensor) for tensor in inputs]
+
+
+def _deadline(deadline: datetime | timedelta | None, now: datetime) -> datetime | None:
+    if isinstance(deadline, timedelta):
+        return now + deadline
+    return deadline
+
+
+def build_request(
+    model: str,
+    inputs: Inputs,
+    *,
+    version: str | None = None,
+    routing_key: str | None = None,
+    tenant: str = "default",
+    deadline: datetime | timedelta | None = None,
+    request_id: str | None = None,
+    outputs: Sequence[str] = (),
+    parameters: Mapping[str, Any] | None = None,
+    reply_to: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An `InferenceRequest` record; `inputs` are named arrays or `Tensor` records."""
+    now = datetime.now(UTC)
+    return {
+        "request_id": request_id or uuid.uuid4().hex,
+        "model": model,
+        "model_version": version,
+        "tenant": tenant,
+        "routing_key": routing_key,
+        "inputs": _tensors(inputs),
+        "outputs": list(outputs),
+        "parameters": dict(parameters or {}),
+        "deadline": _deadline(deadline, now),
+        "created_at": now,
+        "reply_to": dict(reply_to) if reply_to else None,
+    }
+
+
+def request_key(record: Mapping[str, Any]) -> bytes:
+    """The Kafka key of a request (and of its result): routing key, else request id."""
+    return str(record.get("routing_key") or record["request_id"]).encode()

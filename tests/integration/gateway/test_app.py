@@ -1,0 +1,355 @@
+"""The gateway against the real Kafka, Redis, schema registry and PostgreSQL, with a fake worker.
+
+Each test gets its own requests, results, replies and lifecycle topics (and their subjects), and
+runs the gateway with uvicorn in a thread on a free port. Which models are served comes from
+lifecycle events appended through `LifecycleLog` (into the test's own database schema), which the
+gateway reads from the lifecycle topic. `FakeWorker` stands in for the worker agents: it reads the
+requests topic, answers after an optional `fake_delay_s` request parameter, and publishes each
+InferenceResult to the results topic and to the request's `reply_to` partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import tritonclient.http as httpclient
+import uvicorn
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.fakes import FakeWorker, register_subjects
+from tests.support import unique, wait_for
+from tests.unit.gateway_harness import ECHO, FRAUD
+from tidegate.core.settings import (
+    KafkaSettings,
+    PostgresSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+from tidegate.gateway.app import create_app
+from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.lease import lease_key
+from tidegate.gateway.replica import GatewayRuntime
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.events import NewEvent
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.schemas import MODEL_LIFECYCLE_EVENT
+from tidegate.schemas.registration import RegistryHttp, register_all
+from tidegate.schemas.signature import Signature
+
+
+class GatewayServer:
+    """One gateway replica served by uvicorn in a thread, on a free port."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.app = create_app(config)
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_config=None, lifespan="on", timeout_graceful_shutdown=5)
+        )
+        self._thread = threading.Thread(target=self._server.run, args=([self._sock],), daemon=True)
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    @property
+    def runtime(self) -> GatewayRuntime:
+        runtime: GatewayRuntime = self.app.state.gateway
+        return runtime
+
+    def start(self) -> GatewayServer:
+        self._thread.start()
+        wait_for(
+            lambda: self.http.get("/v2/health/ready").status_code == 200,
+            timeout=30,
+            what=f"gateway on {self.url} to be ready",
+        )
+        return self
+
+    def stop(self) -> None:
+        self.http.close()
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+        self._sock.close()
+
+
+@pytest.fixture
+def topics(
+    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
+) -> TopicSettings:
+    settings = TopicSettings(
+        requests=new_topic("it-gw-requests", 4),
+        results=new_topic("it-gw-results", 4),
+        replies=new_topic("it-gw-replies", 4),
+        lifecycle=new_topic("it-gw-lifecycle", 1),
+        reply_partitions=4,
+    )
+    register_subjects(registry_settings, settings)
+    with RegistryHttp(registry_settings) as http:
+        list(register_all(http, {f"{settings.lifecycle}-value": MODEL_LIFECYCLE_EVENT}))
+    return settings
+
+
+def served(
+    *versions: str, primary: str, signature: Signature, runtime: str = "onnx"
+) -> list[ev.Payload]:
+    """Each version registered, validated and warm on the fake worker; `primary` promoted."""
+    out: list[ev.Payload] = []
+    for version in versions:
+        out += [
+            ev.ModelRegistered(
+                version,
+                runtime,
+                f"store://{version}",
+                {},
+                signature_json=signature.model_dump_json(),
+            ),
+            ev.ArtifactValidated(version),
+            ev.VersionLoaded(version, "fake-worker"),
+        ]
+    return [*out, ev.Promoted(primary)]
+
+
+@pytest.fixture
+def lifecycle(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    pg_settings: PostgresSettings,
+) -> None:
+    """fraud 1 (primary) and 2, echo 1 (primary): what the fake worker serves."""
+
+    async def append() -> None:
+        log = LifecycleLog.from_settings(
+            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+        )
+        async with log:
+            for model, payloads in (
+                ("fraud", served("1", "2", primary="1", signature=FRAUD)),
+                ("echo", served("1", primary="1", signature=ECHO)),
+            ):
+                events = [NewEvent(p, actor="it") for p in payloads]
+                await log.append(model, events, expected_version=0)
+
+    asyncio.run(append())
+
+
+@pytest.fixture
+def start_gateway(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    lifecycle: None,
+) -> Iterator[Callable[..., GatewayServer]]:
+    started: list[GatewayServer] = []
+
+    def start(**gateway: Any) -> GatewayServer:
+        config = GatewayConfig(
+            gateway=GatewaySettings(replica_id=unique("replica"), **gateway),
+            kafka=kafka_settings,
+            topics=topics,
+            registry=registry_settings,
+        )
+        server = GatewayServer(config)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def fraud_body(rows: int = 2, **extra: Any) -> dict[str, Any]:
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()
+    return {
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
+        **extra,
+    }
+
+
+def poll_result(server: GatewayServer, request_id: str) -> httpx.Response:
+    def probe() -> httpx.Response | None:
+        resp = server.http.get(f"/v2/requests/{request_id}")
+        return resp if resp.status_code != 202 else None
+
+    return wait_for(probe, timeout=20, what=f"the result of {request_id}")
+
+
+def test_sync_infer_through_kafka(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    gateway = start_gateway()
+    resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body(id=unique("sync")))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["model_version"] == "1"
+    assert body["outputs"][0]["data"] == [6, 3, 22, 7]
+    (request,) = worker.seen
+    assert request["request_id"] == body["id"]
+    assert request["model_version"] is None
+    reply_to = gateway.runtime.services.feed.reply_to()
+    assert request["reply_to"] == reply_to
+
+
+def test_tritonclient_unmodified(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    gateway = start_gateway()
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{gateway.port}")
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        assert client.is_model_ready("fraud")
+        assert client.get_model_metadata("fraud")["platform"] == "onnxruntime_onnx"
+
+        features = np.arange(8, dtype=np.float32).reshape(2, 4)
+        fp32 = httpclient.InferInput("features", [2, 4], "FP32")
+        fp32.set_data_from_numpy(features)  # binary_data=True by default
+        result = client.infer("fraud", [fp32], model_version="2", request_id=unique("triton"))
+        np.testing.assert_array_equal(result.as_numpy("probabilities"), [[6, 3], [22, 7]])
+        assert result.get_response()["model_version"] == "2"
+
+        words = np.array([b"kafka", "ströme".encode()], dtype=object)
+        text = httpclient.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(words)
+        echoed = client.infer("echo", [text]).as_numpy("echo")
+        assert list(echoed) == [b"KAFKA", "STRöME".encode()]
+
+        json_out = client.infer(
+            "echo", [text], outputs=[httpclient.InferRequestedOutput("echo", binary_data=False)]
+        )
+        assert "data" in json_out.get_output("echo"), "asked for JSON, not binary"
+        assert list(json_out.as_numpy("echo")) == ["KAFKA", "STRöME"]
+
+        bad = httpclient.InferInput("features", [2, 3], "FP32")
+        bad.set_data_from_numpy(np.zeros((2, 3), dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="features") as exc:
+            client.infer("fraud", [bad])
+        assert exc.value.status() == "400"
+    finally:
+        client.close()
+
+
+def test_timeout_then_result_by_id(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    gateway = start_gateway()
+    request_id = unique("slow")
+    resp = gateway.http.post(
+        "/v2/models/fraud/infer",
+        json=fraud_body(id=request_id, parameters={"fake_delay_s": 1.5}),
+        headers={"Request-Timeout": "0.3"},
+    )
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["request_id"] == request_id
+    assert resp.headers["location"] == f"/v2/requests/{request_id}"
+    late = poll_result(gateway, request_id)
+    assert late.status_code == 200, late.text
+    assert late.json()["outputs"][0]["data"] == [6, 3, 22, 7]
+
+
+def test_async_flow(start_gateway: Callable[..., GatewayServer], worker: FakeWorker) -> None:
+    gateway = start_gateway()
+    resp = gateway.http.post(
+        "/v2/models/fraud/infer",
+        json=fraud_body(parameters={"fake_delay_s": 1.0}),
+        headers={"Prefer": "respond-async"},
+    )
+    assert resp.status_code == 202, resp.text
+    location = resp.headers["location"]
+    assert gateway.http.get(location).status_code == 202
+    done = poll_result(gateway, resp.json()["id"])
+    assert done.status_code == 200, done.text
+    assert done.json()["id"] == resp.json()["id"]
+    assert gateway.http.get("/v2/requests/never-published").status_code == 404
+
+
+def record_id(ids: list[str], result: dict[str, Any]) -> None:
+    ids.append(str(result["request_id"]))
+
+
+def test_replicas_receive_only_their_own_replies(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    replicas = [start_gateway(), start_gateway()]
+    seen: list[list[str]] = [[], []]
+    for replica, ids in zip(replicas, seen, strict=True):
+        replica.runtime.router.listeners.append(functools.partial(record_id, ids))
+    partitions = {r.runtime.services.feed.reply_to()["partition"] for r in replicas}  # type: ignore[index]
+    assert len(partitions) == 2, "each replica leases its own partition"
+
+    sent: list[list[str]] = [[], []]
+    for i in range(6):
+        replica, mine = replicas[i % 2], sent[i % 2]
+        resp = replica.http.post("/v2/models/fraud/infer", json=fraud_body(id=unique("rep")))
+        assert resp.status_code == 200, resp.text
+        mine.append(resp.json()["id"])
+    assert seen == sent, "a replica's consumer saw another replica's reply"
+
+
+def test_replica_that_cannot_hold_a_lease_is_not_ready(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker, topics: TopicSettings
+) -> None:
+    gateway = start_gateway(reply_lease_s=2)
+    client = redis.Redis.from_url(RedisSettings().url)
+    keys = [lease_key(topics.replies, p) for p in range(topics.reply_partitions)]
+    try:
+        for key in keys:
+            client.set(key, "intruder", px=60_000)
+        wait_for(
+            lambda: gateway.http.get("/v2/health/ready").status_code == 503,
+            timeout=10,
+            what="the replica to notice its lost lease",
+        )
+        assert gateway.http.post("/v2/models/fraud/infer", json=fraud_body()).status_code == 503
+    finally:
+        client.delete(*keys)
+        client.close()
+    wait_for(
+        lambda: gateway.http.get("/v2/health/ready").status_code == 200,
+        timeout=10,
+        what="the replica to lease a partition again",
+    )
+    resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body())
+    assert resp.status_code == 200, resp.text
+
+
+def test_served_versions_follow_lifecycle_events_live(
+    start_gateway: Callable[..., GatewayServer],
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    pg_settings: PostgresSettings,
+) -> None:
+    gateway = start_gateway()
+    assert gateway.http.get("/v2/models/fraud").json()["versions"] == ["1", "2"]
+    assert gateway.http.get("/v2/models/fraud/versions/2/ready").status_code == 200
+
+    async def retire() -> None:
+        log = LifecycleLog.from_settings(
+            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+        )
+        async with log:
+            await log.append("fraud", [NewEvent(ev.Retired("2"))], expected_version=None)
+
+    asyncio.run(retire())
+    wait_for(
+        lambda: gateway.http.get("/v2/models/fraud/versions/2").status_code == 404,
+        timeout=20,
+        what="the gateway to see version 2 retired",
+    )
+    assert gateway.http.get("/v2/models/fraud").json()["versions"] == ["1"]
+    resp = gateway.http.post("/v2/models/fraud/versions/2/infer", json=fraud_body())
+    assert resp.status_code == 404, resp.text

@@ -1,0 +1,406 @@
+"""The inference service with fake runtimes: routing by the lifecycle's table, answers without
+compute, sub-batching, bisection.
+
+The routing tables are folded from lifecycle events (`tidegate.lifecycle.domain.state.fold`),
+exactly as the worker's feed folds them; `lifecycle_table` and `Tables` are shared with the other
+agent tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections import Counter
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from tests.unit.lifecycle_events import recorded, registered_and_validated
+from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.loaded import LoadedModel, ModelCache
+from tidegate.agents.version_manager import VersionManager
+from tidegate.core.errors import (
+    InvalidInputError,
+    ModelExecutionError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+)
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.routing import EXPLICIT, RoutingTable
+from tidegate.lifecycle.domain.state import ModelState, fold
+from tidegate.models.manifest import ModelPackage
+from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.signature import Signature, TensorSpec
+
+SIGNATURE = Signature(
+    inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),
+    outputs=(
+        TensorSpec(name="probabilities", datatype="FP32", shape=(-1, 2)),
+        TensorSpec(name="score", datatype="FP32", shape=(-1,)),
+    ),
+)
+POISON = -1.0  # a first feature of -1 makes FakeRuntime fail the whole call
+
+
+class FakeRuntime(ModelRuntime):
+    def __init__(self, version: str, *, drop_row: bool = False, unavailable: bool = False) -> None:
+        self.version = version
+        self.calls: list[int] = []
+        self.drop_row = drop_row
+        self.unavailable = unavailable
+
+    async def load(self, package: ModelPackage) -> None:
+        """Nothing to load."""
+
+    async def infer(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]:
+        x = inputs["features"]
+        self.calls.append(len(x))
+        if self.unavailable:
+            raise ModelUnavailableError("unloading")
+        if (x[:, 0] == POISON).any():
+            raise ModelExecutionError("the model cannot take a -1")
+        rows = x[:-1] if self.drop_row else x
+        total = rows.sum(axis=1, dtype=np.float32)
+        probabilities = np.stack([total, total + float(self.version)], axis=1)
+        return {"probabilities": probabilities.astype(np.float32), "score": total}
+
+
+def registered(
+    *versions: str, loaded_on: str | None = "w-other", **registration: str
+) -> list[ev.Payload]:
+    """Register and validate each version; report it warm on another worker. `registration`:
+    the `signature_json` and `runtime` the versions are registered with."""
+    return registered_and_validated(*versions, loaded_on=loaded_on, **registration)
+
+
+def lifecycle_state(model: str, *payloads: ev.Payload) -> ModelState:
+    return fold(model, recorded(model, list(payloads)))
+
+
+def lifecycle_table(model: str, *payloads: ev.Payload) -> RoutingTable:
+    return RoutingTable.from_state(lifecycle_state(model, *payloads))
+
+
+def fraud_table(*extra: ev.Payload) -> RoutingTable:
+    """fraud 1 (primary) and 2 (validated, no traffic), then `extra`."""
+    return lifecycle_table("fraud", *registered("1", "2"), ev.Promoted("1"), *extra)
+
+
+class Tables:
+    """The routing tables of a `LifecycleFeed`, set by the test."""
+
+    def __init__(self, *tables: RoutingTable) -> None:
+        self.tables = {t.model: t for t in tables}
+
+    def table(self, model: str) -> RoutingTable | None:
+        return self.tables.get(model)
+
+
+class Reports:
+    """Collects what a VersionManager appends to the lifecycle log."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ev.Payload]] = []
+
+    async def __call__(self, stream: str, events: Any) -> None:
+        self.events.extend((stream, e.payload) for e in events)
+
+    def of(self, kind: type[ev.Payload]) -> list[ev.Payload]:
+        return [p for _, p in self.events if isinstance(p, kind)]
+
+
+def make_service(
+    table: RoutingTable | None = None, *, broken: Collection[str] = (), **runtime_options: Any
+) -> tuple[InferenceService, dict[str, FakeRuntime]]:
+    """fraud versions 1 and 2 on fake runtimes; loading a `broken` version fails."""
+    runtimes = {v: FakeRuntime(v, **runtime_options) for v in ("1", "2")}
+
+    async def loader(name: str, version: str) -> LoadedModel:
+        if name != "fraud" or version not in runtimes:
+            raise ModelNotFoundError(f"no {name} {version}")
+        if version in broken:
+            raise OSError(f"{name} {version} is corrupt")
+        return LoadedModel(name, version, SIGNATURE, runtimes[version])
+
+    tables = Tables(table or fraud_table())
+    versions = VersionManager(
+        ModelCache(loader), tables, Reports(), worker_id="w-test", max_loaded=8
+    )
+    return InferenceService(tables, versions, worker_id="w-test"), runtimes
+
+
+def manager(service: InferenceService) -> VersionManager:
+    assert isinstance(service.models, VersionManager)
+    return service.models
+
+
+def task(
+    rid: str,
+    features: list[float] | None = None,
+    *,
+    model: str = "fraud",
+    version: str | None = None,
+    shape: list[int] | None = None,
+    name: str = "features",
+    deadline_ms: float | None = None,
+    outputs: list[str] | None = None,
+    tenant: str = "t1",
+    key: str | None = None,
+) -> InferenceTask:
+    values = features if features is not None else [1.0, 2.0, 3.0, 4.0]
+    request: dict[str, Any] = {
+        "request_id": rid,
+        "model": model,
+        "model_version": version,
+        "tenant": tenant,
+        "routing_key": key if key is not None else f"key-{rid}",
+        "inputs": [
+            {
+                "name": name,
+                "datatype": "FP32",
+                "shape": shape or [1, len(values)],
+                "data": struct.pack(f"<{len(values)}f", *values),
+                "parameters": {},
+            }
+        ],
+        "outputs": outputs or [],
+        "parameters": {},
+        "deadline": deadline_ms,
+        "created_at": time.time() * 1000.0 - 5.0,
+        "reply_to": None,
+    }
+    return InferenceTask(request, source={"topic": "req", "partition": 3, "offset": 42})
+
+
+async def until(probe: Callable[[], object], limit_s: float = 5.0) -> None:
+    """Poll `probe` on the event loop until it is truthy; fail after `limit_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not probe():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def run(service: InferenceService, tasks: list[InferenceTask]) -> list[dict[str, Any]]:
+    return await service.process(tasks, [1.5] * len(tasks))
+
+
+async def test_a_batch_runs_as_one_call_and_is_split_back_per_request() -> None:
+    service, runtimes = make_service()
+    results = await run(service, [task("a"), task("b", [1, 1, 1, 1]), task("c", [0, 0, 0, 2])])
+    assert runtimes["1"].calls == [3]
+    assert [r["status"] for r in results] == ["OK"] * 3
+    a, _, c = results
+    assert a["request_id"] == "a"
+    assert a["model_version"] == "1"
+    assert a["routing_rule"] == "split@7"  # the sequence of the table's last event
+    assert a["worker_id"] == "w-test"
+    assert a["batch_size"] == 3
+    assert a["timings"]["batch_ms"] == 1.5
+    assert a["timings"]["compute_ms"] > 0
+    assert a["timings"]["total_ms"] >= 5.0
+    assert a["source"] == {"topic": "req", "partition": 3, "offset": 42}
+    assert a["tenant"] == "t1"
+    assert a["routing_key"] == "key-a"
+    assert a["error"] is None
+    probs = {r["request_id"]: r["outputs"][0] for r in results}
+    assert probs["b"]["name"] == "probabilities"
+    assert probs["b"]["shape"] == [1, 2]
+    assert struct.unpack("<2f", probs["b"]["data"]) == (4.0, 5.0)
+    assert struct.unpack("<2f", c["outputs"][0]["data"]) == (2.0, 3.0)
+    assert [o["name"] for o in a["outputs"]] == ["probabilities", "score"]
+
+
+async def test_requested_outputs_are_the_only_ones_returned() -> None:
+    service, _ = make_service()
+    (result,) = await run(service, [task("a", outputs=["score"])])
+    assert [o["name"] for o in result["outputs"]] == ["score"]
+    (bad,) = await run(service, [task("b", outputs=["logits"])])
+    assert bad["status"] == "INVALID"
+    assert bad["error"]["field"] == "logits"
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"name": "feats"}, "feats"),
+        ({"shape": [2, 2]}, "features"),
+        ({"features": [1.0, 2.0, 3.0]}, "features"),
+    ],
+)
+async def test_inputs_not_matching_the_signature_are_invalid_without_compute(
+    options: dict[str, Any], field: str
+) -> None:
+    service, runtimes = make_service()
+    good, bad = await run(service, [task("ok"), task("bad", **options)])
+    assert good["status"] == "OK"
+    assert bad["status"] == "INVALID"
+    assert bad["error"]["code"] == "INVALID_INPUT"
+    assert bad["error"]["error_class"] == "InvalidInputError"
+    assert bad["error"]["field"] == field
+    assert runtimes["1"].calls == [1]
+
+
+async def test_unknown_models_and_versions_are_not_found_without_compute() -> None:
+    service, runtimes = make_service(fraud_table(ev.Retired("2")))
+    results = await run(
+        service, [task("a", model="nope"), task("b", version="9"), task("c", version="2")]
+    )
+    assert [r["status"] for r in results] == ["NOT_FOUND"] * 3
+    assert [r["model_version"] for r in results] == [None] * 3
+    assert results[0]["error"]["code"] == "NOT_FOUND"
+    assert "retired" in results[2]["error"]["message"]
+    assert runtimes["1"].calls == []
+    assert runtimes["2"].calls == []
+
+
+async def test_a_model_with_no_version_taking_traffic_is_not_found() -> None:
+    table = lifecycle_table("fraud", *registered("1"))  # validated, never promoted
+    service, _ = make_service(table)
+    (result,) = await run(service, [task("a")])
+    assert result["status"] == "NOT_FOUND"
+    (explicit,) = await run(service, [task("b", version="1")])
+    assert explicit["status"] == "OK"
+    assert explicit["routing_rule"] == EXPLICIT
+
+
+async def test_an_explicit_version_is_honoured_and_sub_batched_apart() -> None:
+    service, runtimes = make_service()
+    results = await run(
+        service, [task("a"), task("b", version="2"), task("c"), task("d", version="1")]
+    )
+    assert [r["model_version"] for r in results] == ["1", "2", "1", "1"]
+    assert [r["routing_rule"] for r in results] == ["split@7", EXPLICIT, "split@7", EXPLICIT]
+    assert sorted(runtimes["1"].calls) == [3]
+    assert runtimes["2"].calls == [1]
+    assert [r["batch_size"] for r in results] == [3, 1, 3, 3]
+    assert struct.unpack("<2f", results[1]["outputs"][0]["data"]) == (10.0, 12.0)
+
+
+async def test_a_request_past_its_deadline_is_answered_without_compute() -> None:
+    service, runtimes = make_service()
+    past = time.time() * 1000.0 - 1.0
+    future = time.time() * 1000.0 + 60_000
+    late, timely = await run(
+        service, [task("late", deadline_ms=past), task("ok", deadline_ms=future)]
+    )
+    assert late["status"] == "DEADLINE_EXCEEDED"
+    assert late["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert late["outputs"] == []
+    assert timely["status"] == "OK"
+    assert runtimes["1"].calls == [1]
+
+
+async def test_bisection_isolates_one_bad_input_among_eight() -> None:
+    service, runtimes = make_service()
+    tasks = [task(f"r{i}", [POISON if i == 5 else 1.0, 1, 1, 1]) for i in range(8)]
+    results = await run(service, tasks)
+    statuses = {r["request_id"]: r["status"] for r in results}
+    assert statuses.pop("r5") == "ERROR"
+    assert set(statuses.values()) == {"OK"}
+    bad = results[5]
+    assert bad["error"]["code"] == "MODEL_ERROR"
+    assert "-1" in bad["error"]["message"]
+    assert bad["model_version"] == "1"
+    assert bad["outputs"] == []
+    # 8 fails; 4 pass; 4 fail; of those, 2 fail (1 passes, 1 fails) and 2 pass.
+    assert runtimes["1"].calls == [8, 4, 4, 2, 1, 1, 2]
+    assert tasks[5].attempts == 4
+    assert tasks[0].attempts == 2
+    assert [r["request_id"] for r in results] == [f"r{i}" for i in range(8)]
+
+
+async def test_a_wrong_row_count_fails_every_member_without_bisecting() -> None:
+    service, runtimes = make_service(drop_row=True)
+    results = await run(service, [task(f"r{i}") for i in range(4)])
+    assert [r["status"] for r in results] == ["ERROR"] * 4
+    assert all("rows" in r["error"]["message"] for r in results)
+    assert runtimes["1"].calls == [4]
+
+
+async def test_an_unavailable_model_answers_unavailable_without_bisecting() -> None:
+    service, runtimes = make_service(unavailable=True)
+    results = await run(service, [task(f"r{i}") for i in range(4)])
+    assert [r["status"] for r in results] == ["UNAVAILABLE"] * 4
+    assert results[0]["error"]["retriable"] is True
+    assert runtimes["1"].calls == [4]
+
+
+async def test_a_rejected_request_is_invalid_and_its_batch_mates_are_served() -> None:
+    service, runtimes = make_service()
+    rejected = task("bad")
+    rejected.rejection = InvalidInputError("tensor 'features' needs 16 bytes, got 3", "features")
+    results = await run(service, [rejected, task("good")])
+    assert [r["status"] for r in results] == ["INVALID", "OK"]
+    assert results[0]["error"]["field"] == "features"
+    assert runtimes["1"].calls == [1]
+
+
+async def test_a_failed_load_is_remembered_for_a_while() -> None:
+    attempts = 0
+
+    async def broken(name: str, version: str) -> LoadedModel:
+        nonlocal attempts
+        attempts += 1
+        raise OSError("disk on fire")
+
+    cache = ModelCache(broken, retry_after_s=60)
+    for _ in range(3):
+        with pytest.raises(ModelUnavailableError, match="disk on fire"):
+            await cache.get("fraud", "1")
+    assert attempts == 1
+
+
+async def test_the_split_is_sticky_per_routing_key_and_follows_the_weights() -> None:
+    service, runtimes = make_service(fraud_table(ev.TrafficShifted({"1": 70, "2": 30})))
+    await manager(service).start(["fraud"])  # both are wanted: loaded before any request
+    keys = [f"card-{i}" for i in range(400)]
+    first = await run(service, [task(f"a{i}", key=k) for i, k in enumerate(keys)])
+    again = await run(service, [task(f"b{i}", key=k) for i, k in enumerate(keys)])
+    assert {r["status"] for r in first + again} == {"OK"}
+    served = [r["model_version"] for r in first]
+    assert served == [r["model_version"] for r in again], "a key changed version"
+    share = Counter(served)["2"] / len(served)
+    assert 0.24 < share < 0.36, share
+    assert {r["routing_rule"] for r in first} == {"split@8"}
+    assert runtimes["2"].calls, "version 2 never served"
+    await manager(service).stop()
+
+
+async def test_no_routing_key_routes_by_request_id() -> None:
+    service, _ = make_service(fraud_table(ev.TrafficShifted({"1": 50, "2": 50})))
+    await manager(service).start(["fraud"])
+    ids = [f"r{i}" for i in range(60)]
+    first = await run(service, [task(rid, key="") for rid in ids])
+    again = await run(service, [task(rid, key="") for rid in ids])
+    assert [r["model_version"] for r in first] == [r["model_version"] for r in again]
+    assert {r["model_version"] for r in first} == {"1", "2"}
+    await manager(service).stop()
+
+
+async def test_a_tenant_pin_overrides_the_split_and_others_are_unaffected() -> None:
+    pin = ev.RoutingRuleSet("acme-on-2", tenant="acme", version="2")
+    service, _ = make_service(fraud_table(pin))
+    pinned, other = await run(service, [task("a", tenant="acme"), task("b", tenant="zeta")])
+    assert (pinned["model_version"], pinned["routing_rule"]) == ("2", "pin:acme-on-2")
+    assert (other["model_version"], other["routing_rule"]) == ("1", "split@8")
+
+
+async def test_split_traffic_never_reaches_a_version_this_worker_has_not_warmed() -> None:
+    # Another worker reported 2 warm, so the table gives it weight; this worker's load of 2
+    # failed, so its share falls back to the primary here.
+    table = fraud_table(ev.TrafficShifted({"1": 50, "2": 50}))
+    service, runtimes = make_service(table, broken={"2"})
+    failures = await manager(service).start(["fraud"])
+    assert list(failures) == [("fraud", "2")]
+    assert not service.models.ready("fraud", "2")
+    results = await run(service, [task(f"r{i}", key=f"k{i}") for i in range(40)])
+    assert {r["model_version"] for r in results} == {"1"}
+    assert {r["routing_rule"] for r in results} == {"split@8", "warming-fallback@8"}
+    assert runtimes["2"].calls == []
+    await manager(service).stop()

@@ -1,0 +1,149 @@
+"""RFC 9457 problem bodies and the one mapping of errors and result statuses to HTTP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tidegate.clients.producer import PublishError
+from tidegate.core.errors import (
+    ArtifactError,
+    DeadlineExceededError,
+    InvalidInputError,
+    MalformedRequestError,
+    ModelExecutionError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    OverloadedError,
+    RegistryUnavailableError,
+    ResultTimeoutError,
+    SchemaMismatchError,
+    TidegateError,
+)
+from tidegate.gateway.http_errors import (
+    PayloadTooLargeError,
+    RequestNotFoundError,
+    StoreUnavailableError,
+    UnsupportedMediaTypeError,
+)
+from tidegate.gateway.problems import (
+    PROBLEM_JSON,
+    error_problem,
+    result_problem,
+    status_for_error,
+    status_for_result,
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (InvalidInputError("x", "f"), 400),
+        (MalformedRequestError("x"), 400),
+        (SchemaMismatchError("x"), 400),
+        (PayloadTooLargeError("x"), 413),
+        (UnsupportedMediaTypeError("x"), 415),
+        (ModelNotFoundError("x"), 404),
+        (RequestNotFoundError("x"), 404),
+        (DeadlineExceededError("x"), 504),
+        (ResultTimeoutError("x"), 504),
+        (OverloadedError("x"), 503),
+        (ModelUnavailableError("x"), 503),
+        (PublishError("x"), 503),
+        (StoreUnavailableError("x"), 503),
+        (RegistryUnavailableError("x"), 503),
+        (ModelExecutionError("x"), 500),
+        (ArtifactError("x"), 500),
+        (TidegateError("x"), 500),
+    ],
+)
+def test_error_status(error: TidegateError, status: int) -> None:
+    assert status_for_error(error) == status
+
+
+@pytest.mark.parametrize(
+    ("status", "http"),
+    [
+        ("OK", 200),
+        ("INVALID", 400),
+        ("NOT_FOUND", 404),
+        ("DEADLINE_EXCEEDED", 504),
+        ("ERROR", 500),
+        ("UNAVAILABLE", 503),
+        ("UNKNOWN", 500),
+    ],
+)
+def test_result_status(status: str, http: int) -> None:
+    assert status_for_result(status) == http
+
+
+def body_of(response: Any) -> dict[str, Any]:
+    assert response.media_type == PROBLEM_JSON
+    parsed: dict[str, Any] = json.loads(response.body)
+    return parsed
+
+
+def test_error_problem_members() -> None:
+    response = error_problem(
+        InvalidInputError("input 'x' must be FP32", "x"),
+        instance="/v2/requests/r1",
+        request_id="r1",
+    )
+    body = body_of(response)
+    assert response.status_code == 400
+    assert body == {
+        "type": "urn:tidegate:problem:invalid-input",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": "input 'x' must be FP32",
+        "instance": "/v2/requests/r1",
+        "error": "input 'x' must be FP32",
+        "code": "INVALID_INPUT",
+        "retriable": False,
+        "field": "x",
+        "request_id": "r1",
+    }
+
+
+def test_shedding_says_when_to_retry() -> None:
+    response = error_problem(OverloadedError("busy"), instance="/v2/models/m/infer")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert body_of(response)["retriable"] is True
+
+
+def test_result_problem_carries_the_structured_error() -> None:
+    result = {
+        "request_id": "r2",
+        "model": "fraud",
+        "model_version": "1",
+        "status": "ERROR",
+        "error": {
+            "code": "MODEL_ERROR",
+            "message": "onnxruntime failed",
+            "error_class": "ModelExecutionError",
+            "retriable": False,
+            "field": None,
+            "details": {"node": "Gemm_0"},
+        },
+    }
+    response = result_problem(result, instance="/v2/requests/r2")
+    body = body_of(response)
+    assert response.status_code == 500
+    assert body["code"] == "MODEL_ERROR"
+    assert body["detail"] == "onnxruntime failed"
+    assert body["error_class"] == "ModelExecutionError"
+    assert body["details"] == {"node": "Gemm_0"}
+    assert body["request_id"] == "r2"
+    assert body["model_version"] == "1"
+    assert body["result_status"] == "ERROR"
+    assert "field" not in body
+
+
+def test_result_problem_without_error_record() -> None:
+    result = {"request_id": "r3", "model": "m", "status": "DEADLINE_EXCEEDED", "error": None}
+    body = body_of(result_problem(result, instance="/v2/requests/r3"))
+    assert body["status"] == 504
+    assert body["code"] == "DEADLINE_EXCEEDED"
