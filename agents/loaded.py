@@ -20,7 +20,9 @@ from tidegate.agents.compare import Kind, task_of
 from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError, TidegateError
 from tidegate.core.telemetry import get_logger
 from tidegate.models.model_settings import ModelSettings
+from tidegate.models.runtime import load_package
 from tidegate.models.runtime.contract import ModelRuntime
+from tidegate.models.store import LocalArtifactStore
 from tidegate.schemas.signature import Signature
 
 __all__ = ["LoadedModel", "ModelCache", "ModelLoader", "VersionKey", "store_loader", "unload"]
@@ -54,8 +56,6 @@ def store_loader(settings: ModelSettings) -> ModelLoader:
     """Load versions from the local artifact store with `tidegate.models.runtime.load_package`
     (which
     fetches, verifies every file's sha256, loads and warms up)."""
-    from tidegate.models.runtime import load_package
-    from tidegate.models.store import LocalArtifactStore
 
     store = LocalArtifactStore(settings)
 

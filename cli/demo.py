@@ -19,6 +19,12 @@ from typing import Annotated, Any
 
 import typer
 
+from tidegate.cli.demo_lifecycle import bootstrap, showcase
+from tidegate.cli.procs import spawn, stop_recorded, wait_http
+from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
+from tidegate.models.model_settings import ModelSettings
+from tidegate.schemas.tensors import from_numpy
+
 __all__ = ["demo", "demo_stop"]
 
 RUN_DIR = Path("var/demo")
@@ -43,8 +49,6 @@ def _features(i: int) -> list[float]:
 def fraud_record(i: int, run: str) -> dict[str, Any]:
     import numpy as np
 
-    from tidegate.schemas.tensors import from_numpy
-
     row = np.asarray([_features(i)], dtype=np.float32)
     return {
         "request_id": f"{run}-fraud-{i}",
@@ -56,8 +60,6 @@ def fraud_record(i: int, run: str) -> dict[str, Any]:
 
 def minilm_record(i: int, run: str) -> dict[str, Any]:
     import numpy as np
-
-    from tidegate.schemas.tensors import from_numpy
 
     texts = np.asarray([TEXTS[i % len(TEXTS)].encode()], dtype=object)
     return {
@@ -93,11 +95,7 @@ def demo(
     from rich.progress import Progress
     from rich.table import Table
 
-    from tidegate.cli.demo_lifecycle import bootstrap, showcase
-    from tidegate.cli.procs import spawn, stop_recorded, wait_http
-    from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
     from tidegate.gateway.gateway_settings import GatewaySettings
-    from tidegate.models.model_settings import ModelSettings
 
     console = Console()
     stop_recorded(RUN_DIR)
@@ -198,7 +196,6 @@ def demo(
 
 def demo_stop() -> None:
     """Stop workers and gateways that `tidegate demo --keep` left running."""
-    from tidegate.cli.procs import stop_recorded
 
     for name in stop_recorded(RUN_DIR):
         typer.echo(f"demo: stopped {name}")

@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from tidegate.cli.lifecycle_session import session
+from tidegate.cli.lifecycle_tables import compare_table, history_table
 from tidegate.clients.loadgen import KafkaLoad, LoadResult
 from tidegate.core.errors import ModelNotFoundError, TidegateError
+from tidegate.lifecycle.domain.render import event_view
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 
 __all__ = ["SERVED", "bootstrap", "showcase"]
@@ -92,8 +94,6 @@ def showcase(
     scale: float,
 ) -> list[LoadResult]:
     """Shadow fraud 2, then canary fraud 3 until the controller rolls it back."""
-    from tidegate.cli.lifecycle_tables import compare_table, history_table
-    from tidegate.lifecycle.domain.render import event_view
 
     results: list[LoadResult] = []
     count = max(100, int(600 * scale))

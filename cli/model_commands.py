@@ -13,6 +13,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tidegate.cli.lifecycle_session import actor, emit, parsed, run
+from tidegate.cli.lifecycle_tables import (
+    compare_table,
+    history_table,
+    list_table,
+    result_render,
+    state_at_render,
+    status_render,
+)
+from tidegate.core.errors import TidegateError
+from tidegate.lifecycle.domain.parse import parse_at, parse_steps, parse_weights
+from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
+from tidegate.lifecycle.domain.routing import RoutingTable
+from tidegate.models.model_settings import ModelSettings
+from tidegate.models.store import LocalArtifactStore
 
 if TYPE_CHECKING:
     from tidegate.lifecycle.operations.commands import CommandResult, LifecycleCommands
@@ -34,8 +48,6 @@ Version = Annotated[str, typer.Argument(help="Model version.")]
 
 
 def _write(as_json: bool, action: Any) -> dict[str, Any]:
-    from tidegate.cli.lifecycle_tables import result_render
-
     result: CommandResult = run(action, write=True, as_json=as_json)
     data = result.to_dict()
     emit(data, as_json, result_render)
@@ -74,8 +86,6 @@ def register(
 @app.command("list")
 def list_models(as_json: Json = False) -> None:
     """Every registered model: primary, weights, shadows, canary, versions."""
-    from tidegate.cli.lifecycle_tables import list_table
-    from tidegate.lifecycle.domain.render import summary_view
 
     states = run(lambda c: c.models(), write=False, as_json=as_json)
     emit([summary_view(s) for s in states], as_json, list_table)
@@ -84,8 +94,6 @@ def list_models(as_json: Json = False) -> None:
 @app.command("status")
 def status(model: Name, as_json: Json = False) -> None:
     """A model's versions, weights (intended and effective), shadows, canary and rules."""
-    from tidegate.cli.lifecycle_tables import status_render
-    from tidegate.lifecycle.domain.render import state_view
 
     state = run(lambda c: c.status(model), write=False, as_json=as_json)
     emit(state_view(state), as_json, status_render)
@@ -94,8 +102,6 @@ def status(model: Name, as_json: Json = False) -> None:
 @app.command("history")
 def history(model: Name, as_json: Json = False) -> None:
     """Every event of the model, oldest first, with its actor and time."""
-    from tidegate.cli.lifecycle_tables import history_table
-    from tidegate.lifecycle.domain.render import event_view
 
     events = run(lambda c: c.history(model), write=False, as_json=as_json)
     emit([event_view(e) for e in events], as_json, history_table)
@@ -146,7 +152,6 @@ def canary(
     as_json: Json = False,
 ) -> None:
     """Shift traffic to VERSION in steps; the controller rolls back on a crossed threshold."""
-    from tidegate.lifecycle.domain.parse import parse_steps
 
     chosen = parsed(parse_steps, steps, "--steps") if steps is not None else None
     given = {
@@ -270,7 +275,6 @@ def experiment(
     as_json: Json = False,
 ) -> None:
     """Split a tenant's (or everyone's) traffic by fixed weights, ahead of the model's split."""
-    from tidegate.lifecycle.domain.parse import parse_weights
 
     split = parsed(parse_weights, weights, "--weights")
     who = actor()
@@ -290,7 +294,6 @@ def compare(
     as_json: Json = False,
 ) -> None:
     """A shadow candidate's agreement (or cosine), differences and latency vs the primary."""
-    from tidegate.cli.lifecycle_tables import compare_table
 
     data = run(lambda c: c.compare(model, candidate), write=False, as_json=as_json)
     emit(data, as_json, compare_table)
@@ -305,10 +308,6 @@ def state(
     as_json: Json = False,
 ) -> None:
     """The model's routing table and state as they were at a time."""
-    from tidegate.cli.lifecycle_tables import state_at_render
-    from tidegate.lifecycle.domain.parse import parse_at
-    from tidegate.lifecycle.domain.render import iso, state_view, table_view
-    from tidegate.lifecycle.domain.routing import RoutingTable
 
     # "now" reads every event: the store's clock stamps them, and a client clock running behind
     # it must not hide the latest ones.
@@ -350,10 +349,7 @@ def build(
     from rich.console import Console
     from rich.table import Table
 
-    from tidegate.core.errors import TidegateError
     from tidegate.examples import build_models
-    from tidegate.models.model_settings import ModelSettings
-    from tidegate.models.store import LocalArtifactStore
 
     console = Console()
     store = LocalArtifactStore(ModelSettings())
@@ -392,9 +388,6 @@ def artifacts() -> None:
 
     from rich.console import Console
     from rich.table import Table
-
-    from tidegate.models.model_settings import ModelSettings
-    from tidegate.models.store import LocalArtifactStore
 
     store = LocalArtifactStore(ModelSettings())
 

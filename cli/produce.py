@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tidegate.clients.jsonl import parse_line
+from tidegate.clients.producer import TidegateProducer
+from tidegate.core.errors import TidegateError
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -30,9 +34,6 @@ def _publish_file(
 ) -> tuple[dict[str, int], list[int], dict[str, str]]:
     """Publish every good line: (request id -> line number, bad line numbers, failed deliveries)."""
     from rich.progress import Progress
-
-    from tidegate.clients.jsonl import parse_line
-    from tidegate.core.errors import TidegateError
 
     published: dict[str, int] = {}
     bad: list[int] = []
@@ -93,9 +94,6 @@ def produce(
 
     from rich.console import Console
     from rich.table import Table
-
-    from tidegate.clients.producer import TidegateProducer
-    from tidegate.core.errors import TidegateError
 
     console, err = Console(), Console(stderr=True)
     producer = TidegateProducer(await_results=wait)

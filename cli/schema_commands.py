@@ -7,6 +7,11 @@ from typing import Annotated
 
 import typer
 
+from tidegate.core.errors import IncompatibleSchemaError, TidegateError
+from tidegate.core.settings import SchemaRegistrySettings, TopicSettings
+from tidegate.schemas.catalog import SCHEMA_DIR, topic_subjects
+from tidegate.schemas.registration import RegistryHttp, register_all
+
 __all__ = ["app"]
 
 app = typer.Typer(no_args_is_help=True)
@@ -29,11 +34,6 @@ def register(
     """
     from rich.console import Console
     from rich.table import Table
-
-    from tidegate.core.errors import IncompatibleSchemaError, TidegateError
-    from tidegate.core.settings import SchemaRegistrySettings, TopicSettings
-    from tidegate.schemas.catalog import SCHEMA_DIR, topic_subjects
-    from tidegate.schemas.registration import RegistryHttp, register_all
 
     console = Console()
     settings = SchemaRegistrySettings()

@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from tidegate.core.telemetry import configure_logging
+
 __all__ = ["controller"]
 
 
@@ -32,7 +34,6 @@ def controller(
     import asyncio
     import signal
 
-    from tidegate.core.telemetry import configure_logging
     from tidegate.lifecycle.control.indexer import DEFAULT_GROUP_ID
     from tidegate.lifecycle.control.process import ControllerConfig, ControllerService
 

@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
+from tidegate.core.telemetry import configure_logging
+
 __all__ = ["gateway"]
 
 
@@ -29,7 +31,6 @@ def gateway(
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
     import uvicorn
 
-    from tidegate.core.telemetry import configure_logging
     from tidegate.gateway.admin import lifecycle_admin
     from tidegate.gateway.app import create_app
     from tidegate.gateway.backends import GatewayConfig

@@ -6,6 +6,11 @@ from typing import Annotated, Any
 
 import typer
 
+from tidegate.core.settings import KafkaSettings, RegistryServerSettings, TopicSettings
+from tidegate.core.telemetry import configure_logging
+from tidegate.schemas.registry import SchemaRegistry
+from tidegate.schemas.registry.kafka_log import KafkaLog
+
 __all__ = ["serve"]
 
 
@@ -26,11 +31,7 @@ def serve(
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
     import uvicorn
 
-    from tidegate.core.settings import KafkaSettings, RegistryServerSettings, TopicSettings
-    from tidegate.core.telemetry import configure_logging
     from tidegate.gateway.registry_api import create_app
-    from tidegate.schemas.registry import SchemaRegistry
-    from tidegate.schemas.registry.kafka_log import KafkaLog
 
     configure_logging()
     overrides: dict[str, Any] = {

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from tidegate.core.telemetry import configure_logging
+
 __all__ = ["worker"]
 
 
@@ -36,7 +38,6 @@ def worker(
 
     from tidegate.agents.faust_app import WorkerConfig, run_worker
     from tidegate.agents.worker_settings import WorkerSettings
-    from tidegate.core.telemetry import configure_logging
 
     overrides = {
         "group_id": group_id,

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tidegate.cli.lifecycle_session import emit, run
+from tidegate.cli.lifecycle_tables import served_render
 
 __all__ = ["served"]
 
@@ -17,7 +18,6 @@ def served(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Which version served REQUEST_ID, when, where and why (from the indexed results)."""
-    from tidegate.cli.lifecycle_tables import served_render
 
     data = run(lambda c: c.served(request_id), write=False, as_json=as_json)
     emit(data, as_json, served_render)

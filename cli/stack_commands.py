@@ -10,6 +10,17 @@ from typing import Annotated
 
 import typer
 
+from tidegate.core import stack
+from tidegate.core.kafka import make_admin
+from tidegate.core.settings import (
+    KafkaSettings,
+    PostgresSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+from tidegate.core.stack import KEY_CONFIGS, describe_topics, ensure_topics, topic_specs
+
 __all__ = ["Server", "app"]
 
 app = typer.Typer(no_args_is_help=True)
@@ -39,14 +50,6 @@ def check(
     from collections.abc import Callable
     from functools import partial
 
-    from tidegate.core import stack
-    from tidegate.core.settings import (
-        KafkaSettings,
-        PostgresSettings,
-        RedisSettings,
-        SchemaRegistrySettings,
-    )
-
     probes: dict[Server, Callable[[float], str]] = {
         Server.kafka: partial(stack.probe_kafka, KafkaSettings()),
         Server.registry: partial(stack.probe_registry, SchemaRegistrySettings()),
@@ -66,9 +69,6 @@ def topics(
     timeout: Annotated[float, typer.Option(min=1, help="Admin request timeout, seconds.")] = 30.0,
 ) -> None:
     """Create the stack's topics that are missing; existing topics are left alone."""
-    from tidegate.core.kafka import make_admin
-    from tidegate.core.settings import KafkaSettings, TopicSettings
-    from tidegate.core.stack import ensure_topics, topic_specs
 
     specs = topic_specs(TopicSettings())
     result = ensure_topics(make_admin(KafkaSettings(), _QUIET), specs, timeout=timeout)
@@ -94,10 +94,6 @@ def status(
     missing)."""
     from rich.console import Console
     from rich.table import Table
-
-    from tidegate.core.kafka import make_admin
-    from tidegate.core.settings import KafkaSettings, TopicSettings
-    from tidegate.core.stack import KEY_CONFIGS, describe_topics, topic_specs
 
     specs = topic_specs(TopicSettings())
     admin = make_admin(KafkaSettings(), _QUIET)

@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from tidegate.core.kafka import consume_ready, make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder
+from tidegate.schemas import load_schema as schema
+
 __all__ = ["KafkaLoad", "LoadResult", "http_load", "percentile"]
 
 RecordFactory = Callable[[int], dict[str, Any]]
@@ -87,10 +92,6 @@ class KafkaLoad:
         result record in its LoadResult, for callers that check more than status and latency."""
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-        from tidegate.schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder
-        from tidegate.schemas import load_schema as schema
-
         self._kafka, self._topics = KafkaSettings(), topics or TopicSettings()
         self._keep = keep_records
         registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
@@ -105,8 +106,6 @@ class KafkaLoad:
 
     def start(self, warm_up: RecordFactory) -> None:
         from confluent_kafka import TopicPartition
-
-        from tidegate.core.kafka import make_consumer, make_producer
 
         topics = self._topics
         self._consumer = consumer = make_consumer(self._kafka, f"loadgen-{uuid.uuid4().hex[:8]}")
@@ -192,8 +191,6 @@ class KafkaLoad:
             return any(r is result for _, r in self._due.values())
 
     def _collect(self) -> None:
-        from tidegate.core.kafka import consume_ready
-
         while not self._stop.is_set():
             for msg in consume_ready(self._consumer, 500, 0.1):
                 if msg.error():

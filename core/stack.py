@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tidegate.core.kafka import make_admin
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -197,7 +198,6 @@ def wait_healthy(probe: Callable[[float], str], wait_s: float) -> str:
 
 def probe_kafka(settings: KafkaSettings, timeout: float) -> str:
     """Healthy when an AdminClient lists at least one broker."""
-    from tidegate.core.kafka import make_admin
 
     # A fresh client per try (no reconnect backoff left from a failed try), and librdkafka's own
     # "connection refused" logs silenced: the caller reports the failure once, in its own words.

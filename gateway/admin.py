@@ -22,16 +22,12 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from tidegate.core.errors import (
-    ArtifactError,
-    ConcurrencyConflictError,
     InvalidInputError,
-    InvalidTransitionError,
     LifecycleUnavailableError,
-    ModelNotFoundError,
     TidegateError,
 )
 from tidegate.gateway.backends import GatewayConfig
-from tidegate.gateway.problems import ProblemResponse, error_problem, problem
+from tidegate.gateway.problems import error_problem, problem
 from tidegate.lifecycle.domain.parse import parse_at
 from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
 from tidegate.lifecycle.domain.routing import RoutingTable
@@ -42,7 +38,6 @@ __all__ = [
     "ANONYMOUS",
     "AdminFactory",
     "AdminRoute",
-    "admin_problem",
     "install_admin",
     "lifecycle_admin",
     "request_actor",
@@ -50,31 +45,6 @@ __all__ = [
 ]
 
 ANONYMOUS = "anonymous"
-
-
-def admin_problem(error: TidegateError, *, instance: str) -> ProblemResponse:
-    """Lifecycle errors get their statuses here; the rest go by `tidegate.gateway.problems`."""
-    status = next(
-        (
-            code
-            for cls, code in (
-                (ConcurrencyConflictError, 409),
-                (InvalidTransitionError, 422),
-                (ArtifactError, 422),
-                (ModelNotFoundError, 404),
-            )
-            if isinstance(error, cls)
-        ),
-        None,
-    )
-    if status is None:
-        return error_problem(error, instance=instance)
-    extra: dict[str, Any] = {}
-    if isinstance(error, ConcurrencyConflictError):
-        extra = {"expected_sequence": error.expected, "actual_sequence": error.actual}
-    return problem(
-        status, str(error), instance=instance, code=error.code, retriable=error.retriable, **extra
-    )
 
 
 class AdminRoute(APIRoute):
@@ -88,7 +58,7 @@ class AdminRoute(APIRoute):
             try:
                 return await handler(request)
             except TidegateError as exc:
-                return admin_problem(exc, instance=request.url.path)
+                return error_problem(exc, instance=request.url.path)
             except RequestValidationError as exc:
                 first = exc.errors()[0] if exc.errors() else {}
                 field = ".".join(str(p) for p in first.get("loc", ())) or None

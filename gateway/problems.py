@@ -1,7 +1,9 @@
 """RFC 9457 problem details, and the one mapping from the tidegate error tree to HTTP status codes.
 
 Domain code raises `TidegateError`s and workers answer result statuses; only this module turns
-either into a status code. Each body carries the standard members (`type`, `title`, `status`,
+either into a status code, for every HTTP API alike: the V2 facade, `/admin` and the schema
+registry's REST API (which writes Confluent's `{"error_code", "message"}` body, but takes its status
+from here too). Each body carries the standard members (`type`, `title`, `status`,
 `detail`, `instance`) and extensions: `code` and `retriable` from the error, `field` naming the
 field at fault, `request_id` when known, and `error` (a copy of `detail`) because V2 clients, such
 as tritonclient, read the message of a failed call from `error`.
@@ -16,14 +18,18 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from tidegate.core.errors import (
+    ArtifactError,
+    ConcurrencyConflictError,
     DeadlineExceededError,
     InvalidInputError,
+    InvalidTransitionError,
     ModelExecutionError,
     ModelNotFoundError,
     ModelUnavailableError,
     OverloadedError,
     ResultTimeoutError,
     RetriableError,
+    SchemaRegistryError,
     SerializationError,
     TidegateError,
 )
@@ -39,6 +45,7 @@ __all__ = [
     "error_problem",
     "problem",
     "problem_type",
+    "registry_http_status",
     "result_problem",
     "status_for_error",
     "status_for_result",
@@ -49,6 +56,11 @@ RETRY_AFTER_S = 1
 
 # Most specific first: the first class an error is an instance of decides.
 _ERROR_STATUS: tuple[tuple[type[TidegateError], int], ...] = (
+    # The model changed since the caller read it: nothing was written, read again and decide.
+    (ConcurrencyConflictError, 409),
+    # Well-formed, but refused: a transition the state does not allow, a package that fails.
+    (InvalidTransitionError, 422),
+    (ArtifactError, 422),
     (PayloadTooLargeError, 413),
     (UnsupportedMediaTypeError, 415),
     (InvalidInputError, 400),
@@ -86,8 +98,20 @@ class ProblemResponse(JSONResponse):
     media_type = PROBLEM_JSON
 
 
+def registry_http_status(error_code: int) -> int:
+    """Confluent's rule: a 3-digit code is the status; a 5-digit one carries it in its first 3."""
+    return error_code if error_code < 1000 else error_code // 100
+
+
 def status_for_error(error: TidegateError) -> int:
-    return next((status for cls, status in _ERROR_STATUS if isinstance(error, cls)), 500)
+    status = next((status for cls, status in _ERROR_STATUS if isinstance(error, cls)), None)
+    if status is not None:
+        return status
+    # Past the shared classes (a registry that is not ready is retriable: 503), the registry's
+    # errors keep the statuses Confluent's clients expect from their numeric codes.
+    if isinstance(error, SchemaRegistryError):
+        return registry_http_status(error.error_code)
+    return 500
 
 
 def status_for_result(status: str) -> int:
@@ -136,6 +160,9 @@ def error_problem(
     request_id: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> ProblemResponse:
+    extensions: dict[str, Any] = {}
+    if isinstance(error, ConcurrencyConflictError):
+        extensions = {"expected_sequence": error.expected, "actual_sequence": error.actual}
     return problem(
         status_for_error(error),
         str(error) or type(error).__name__,
@@ -145,6 +172,7 @@ def error_problem(
         retriable=error.retriable,
         field=getattr(error, "field", None),
         request_id=request_id,
+        **extensions,
     )
 
 

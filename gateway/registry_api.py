@@ -1,8 +1,9 @@
 """HTTP adapter of the schema registry: Confluent Schema Registry's REST API over `SchemaRegistry`.
 
 Only this module knows HTTP: it turns query strings and bodies into calls, results into Confluent's
-JSON shapes, and registry errors into `{"error_code": N, "message": ...}` with status N (3-digit
-codes) or N // 100 (5-digit codes). Request bodies are parsed here whatever their content type
+JSON shapes, and registry errors into `{"error_code": N, "message": ...}` with the status that
+`tidegate.gateway.problems` chooses: N for 3-digit codes, N // 100 for 5-digit ones, 503 while the
+registry is not ready. Request bodies are parsed here whatever their content type
 (`application/vnd.schemaregistry.v1+json`, `application/json`, ...), as Confluent's server does.
 """
 
@@ -26,6 +27,7 @@ from tidegate.core.errors import (
     SchemaRegistryError,
     TidegateError,
 )
+from tidegate.gateway.problems import registry_http_status, status_for_error
 from tidegate.schemas.registry import (
     SUPPORTED_SCHEMA_TYPES,
     BadRequestError,
@@ -44,9 +46,7 @@ class RegistryJSONResponse(JSONResponse):
     media_type = CONTENT_TYPE
 
 
-def http_status(error_code: int) -> int:
-    """Confluent's rule: a 3-digit code is the status; a 5-digit one carries it in its first 3."""
-    return error_code if error_code < 1000 else error_code // 100
+http_status = registry_http_status
 
 
 def _error(status: int, error_code: int, message: str) -> RegistryJSONResponse:
@@ -133,7 +133,7 @@ def create_app(registry: SchemaRegistry, *, startup_timeout_s: float = 60.0) -> 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SchemaRegistryError)
     async def on_registry_error(_: Request, exc: SchemaRegistryError) -> Response:
-        return _error(http_status(exc.error_code), exc.error_code, str(exc))
+        return _error(status_for_error(exc), exc.error_code, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:

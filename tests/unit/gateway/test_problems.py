@@ -10,16 +10,22 @@ import pytest
 from tidegate.clients.producer import PublishError
 from tidegate.core.errors import (
     ArtifactError,
+    ConcurrencyConflictError,
     DeadlineExceededError,
+    IncompatibleSchemaError,
     InvalidInputError,
+    InvalidSchemaError,
+    InvalidTransitionError,
     MalformedRequestError,
     ModelExecutionError,
     ModelNotFoundError,
     ModelUnavailableError,
     OverloadedError,
+    PromotionGateError,
     RegistryUnavailableError,
     ResultTimeoutError,
     SchemaMismatchError,
+    SubjectNotFoundError,
     TidegateError,
 )
 from tidegate.gateway.http_errors import (
@@ -55,7 +61,13 @@ from tidegate.gateway.problems import (
         (StoreUnavailableError("x"), 503),
         (RegistryUnavailableError("x"), 503),
         (ModelExecutionError("x"), 500),
-        (ArtifactError("x"), 500),
+        (ArtifactError("x"), 422),
+        (InvalidTransitionError("x"), 422),
+        (PromotionGateError("x"), 422),
+        (ConcurrencyConflictError("m", 1, 2), 409),
+        (SubjectNotFoundError("x"), 404),
+        (IncompatibleSchemaError("x"), 409),
+        (InvalidSchemaError("x"), 422),
         (TidegateError("x"), 500),
     ],
 )

@@ -268,7 +268,7 @@ def test_not_ready_answers_50003() -> None:
             return False
 
     client = TestClient(create_app(SchemaRegistry(LoadingLog())))
-    assert error_of(client.get("/subjects"))[:2] == (500, 50003)
+    assert error_of(client.get("/subjects"))[:2] == (503, 50003)
     assert error_of(client.get("/_health"))[:2] == (503, 50003)
 
 
