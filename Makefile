@@ -58,10 +58,11 @@ test-unit: setup ## Run the unit tests only (no servers needed).
 test-integration: up ## Run the integration tests against the real stack.
 	$(BIN)/pytest tests/integration
 
-lint: setup ## ruff (lint and format check) and mypy, exactly as pre-commit runs them.
+lint: setup ## ruff (lint and format check), mypy and the layer contracts, exactly as pre-commit runs them.
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 fmt: setup ## Format the code with ruff.
 	$(BIN)/ruff format .

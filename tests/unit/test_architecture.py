@@ -1,0 +1,157 @@
+"""The layout of docs/architecture.md holds: layers, no cycles, one namespace, unique names.
+
+`make lint` runs import-linter on the real tree; these tests prove that the contracts bite (a
+forbidden import makes the lint fail) and check what import-linter does not: every module imports
+in a fresh interpreter without a bare folder name, no package cycle exists, no module name repeats,
+and no function body imports one of ours except where a heavy import is deferred on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAYERS = ["core", "schemas", "models", "clients", "lifecycle", "dlq", "agents", "gateway"]
+FOLDERS = [*LAYERS, "examples", "cli"]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+# Function-body imports of our own modules outside the CLI, each deferring something heavy.
+DEFERRED = {
+    # A runtime imports its framework (torch, onnxruntime) only when a model of its kind loads.
+    ("tidegate.models.runtime.loader", "tidegate.models.runtime.torch"),
+    ("tidegate.models.runtime.loader", "tidegate.models.runtime.onnx"),
+    # A gateway without /admin never loads the lifecycle's database code.
+    ("tidegate.gateway.app", "tidegate.gateway.admin"),
+}
+
+
+def module_files() -> dict[str, Path]:
+    found = {}
+    for folder in FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(("tidegate", *parts))] = path
+    return found
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def copy_tree(dest: Path) -> None:
+    """The package and its config, as the lint sees them: real folders and tidegate/'s links."""
+    for folder in FOLDERS:
+        shutil.copytree(REPO / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "tidegate", dest / "tidegate", symlinks=True)
+    shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
+
+
+def test_the_layer_contracts_are_kept() -> None:
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("gateway/probe.py", "from tidegate.agents import worker", "never import each other"),
+        ("agents/probe.py", "from tidegate.gateway import app", "never import each other"),
+        ("core/probe.py", "from tidegate.schemas import codec", "layers below it"),
+        ("schemas/probe.py", "from tidegate.lifecycle.domain import state", "layers below it"),
+        ("gateway/probe.py", "from tidegate.models import store", "never from the artifact"),
+        ("lifecycle/domain/probe.py", "import psycopg", "do no I/O"),
+        ("lifecycle/domain/probe.py", "from tidegate.lifecycle.eventstore import outbox", "own"),
+        ("dlq/probe.py", "import agents", "bare name"),
+    ],
+)
+def test_a_forbidden_import_fails_the_lint(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    copy_tree(tmp_path)
+    (tmp_path / module).write_text(f'"""A forbidden import."""\n\n{line}\n')
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0, result.stdout
+    broken = result.stdout.split("Broken contracts")[-1]
+    assert contract in broken.replace("\n", " "), result.stdout
+
+
+def test_no_cycle_between_top_level_packages() -> None:
+    graph = grimp.build_graph("tidegate")
+    packages = [f"tidegate.{name}" for name in FOLDERS]
+    both_ways = [
+        (a, b)
+        for i, a in enumerate(packages)
+        for b in packages[i + 1 :]
+        if graph.chain_exists(importer=a, imported=b, as_packages=True)
+        and graph.chain_exists(importer=b, imported=a, as_packages=True)
+    ]
+    assert both_ways == []
+
+
+def test_every_module_imports_under_the_namespace_alone() -> None:
+    """In a fresh interpreter outside the checkout (as an installed tidegate), every module imports
+    in turn and no bare folder name (`agents`, `gateway`, ...) is ever loaded."""
+    names = sorted(n for n in module_files() if not n.endswith("__main__"))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"bare = sorted(m for m in sys.modules if m.split('.')[0] in {FOLDERS!r})\n"
+        "print('BARE', bare)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BARE []" in result.stdout
+
+
+def test_module_names_do_not_repeat_across_packages() -> None:
+    by_name: dict[str, list[str]] = collections.defaultdict(list)
+    for dotted in module_files():
+        last = dotted.rsplit(".", 1)[-1]
+        if last not in ("__main__",) and dotted.count(".") > 1:
+            by_name[last].append(dotted)
+    repeated = {name: where for name, where in by_name.items() if len(where) > 1}
+    assert repeated == {}
+
+
+def test_no_function_body_imports_our_modules_except_deferred_heavy_ones() -> None:
+    found = set()
+    for dotted, path in module_files().items():
+        if dotted.startswith("tidegate.cli"):
+            continue  # the CLI defers faust, fastapi, torch and the controller: `--help` stays fast
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tidegate"):
+                    found.add((dotted, str(node.module)))
+    assert found - DEFERRED == set()
