@@ -1,8 +1,9 @@
 """tidegate: event-driven streaming inference over Apache Kafka.
 
-This package holds only cross-cutting code: settings, the error tree, the Kafka client factory,
-telemetry and the CLI. The architecture lives in the top-level packages `agents`, `schemas`,
-`gateway`, `lifecycle` and `dlq`.
+The package root only. Its subpackages are the repository's top-level folders, each a layer that
+imports only the layers below it (docs/architecture.md): `tidegate.core`, `tidegate.schemas`,
+`tidegate.models`, `tidegate.clients`, `tidegate.lifecycle`, `tidegate.dlq`, `tidegate.agents`,
+`tidegate.gateway`, `tidegate.examples` and `tidegate.cli`.
 """
 
 __all__ = ["__version__"]

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import grimp
@@ -155,3 +156,40 @@ def test_no_function_body_imports_our_modules_except_deferred_heavy_ones() -> No
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tidegate"):
                     found.add((dotted, str(node.module)))
     assert found - DEFERRED == set()
+
+
+def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
+    """Built as CI and the Docker image build it: real files under `tidegate/` only, so no
+    `agents`, `schemas` or `gateway` lands in site-packages beside other distributions'."""
+    source = tmp_path / "src"
+    copy_tree(source)
+    for extra in ("README.md", "LICENSE"):
+        if (REPO / extra).exists():
+            shutil.copy(REPO / extra, source / extra)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = (tmp_path / "dist").glob("tidegate-*.whl")
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = next(n for n in names if n.endswith("top_level.txt"))
+        assert archive.read(top_level).decode().split() == ["tidegate"]
+    tops = {name.split("/")[0] for name in names if not name.startswith("tidegate-")}
+    assert tops == {"tidegate"}
+    assert "tidegate/schemas/avro/dev.tidegate.inference.InferenceRequest.avsc" in names
+    assert "tidegate/agents/worker.py" in names
