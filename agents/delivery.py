@@ -18,8 +18,13 @@ from tidegate.agents import worker_metrics as metrics
 from tidegate.core.errors import ConfigurationError, TidegateError
 from tidegate.core.settings import TopicSettings
 from tidegate.core.telemetry import get_logger
-from tidegate.schemas import DEAD_LETTER_ENVELOPE, INFERENCE_RESULT, AvroEncoder, load_schema
-from tidegate.schemas.catalog import SHADOW_COMPARISON
+from tidegate.schemas.catalog import (
+    DEAD_LETTER_ENVELOPE,
+    INFERENCE_RESULT,
+    SHADOW_COMPARISON,
+    load_schema,
+)
+from tidegate.schemas.codec import AvroEncoder
 
 __all__ = ["Ack", "Publisher"]
 

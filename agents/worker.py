@@ -35,7 +35,8 @@ from tidegate.core.errors import RetriableError
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.telemetry import get_logger
-from tidegate.schemas import INFERENCE_REQUEST, AvroDecoder, load_schema
+from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
+from tidegate.schemas.codec import AvroDecoder
 
 __all__ = ["CONSUMER_DEFAULTS", "InferenceWorker"]
 

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from tidegate.cli.lifecycle_session import session
 from tidegate.cli.lifecycle_tables import compare_table, history_table
 from tidegate.clients.loadgen import KafkaLoad, LoadResult
 from tidegate.core.errors import ModelNotFoundError, TidegateError
 from tidegate.lifecycle.domain.render import event_view
 from tidegate.lifecycle.operations.commands import LifecycleCommands
+from tidegate.lifecycle.operations.sessions import command_session
 
 __all__ = ["SERVED", "bootstrap", "showcase"]
 
@@ -34,7 +34,7 @@ CANDIDATES = (("fraud", "2"), ("fraud", "3"))
 
 def _run(action: Callable[[LifecycleCommands], Awaitable[T]], *, write: bool = True) -> T:
     async def go() -> T:
-        async with session(write=write) as commands:
+        async with command_session(write=write) as commands:
             return await action(commands)
 
     return asyncio.run(go())

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -30,7 +29,6 @@ __all__ = [
     "emit",
     "parsed",
     "run",
-    "session",
 ]
 
 T = TypeVar("T")
@@ -50,17 +48,11 @@ def actor() -> str:
         return "cli:unknown"
 
 
-def session(*, write: bool) -> AbstractAsyncContextManager[LifecycleCommands]:
-    """Commands over the configured event store. Only writes open a Kafka producer (the outbox
-    relay publishes each append at once); reads touch PostgreSQL alone."""
-    return command_session(write=write)
-
-
 def run(action: Callable[[LifecycleCommands], Awaitable[T]], *, write: bool, as_json: bool) -> T:
     """Run `action` in a session; a refusal or conflict prints why and exits with its code."""
 
     async def go() -> T:
-        async with session(write=write) as commands:
+        async with command_session(write=write) as commands:
             return await action(commands)
 
     try:

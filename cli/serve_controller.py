@@ -10,10 +10,13 @@ TIDEGATE_TOPICS_*, TIDEGATE_SCHEMA_REGISTRY_*).
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from typing import Annotated
 
 import typer
 
+from tidegate.core.db import migrate as apply_migrations
 from tidegate.core.telemetry import configure_logging
 
 __all__ = ["controller"]
@@ -31,17 +34,12 @@ def controller(
     ] = False,
 ) -> None:
     """Run the outbox relay, the lineage indexer and the canary controller."""
-    import asyncio
-    import signal
-
     from tidegate.lifecycle.control.indexer import DEFAULT_GROUP_ID
     from tidegate.lifecycle.control.process import ControllerConfig, ControllerService
 
     configure_logging()
     config = ControllerConfig(group_id=group_id or DEFAULT_GROUP_ID)
     if migrate:
-        from tidegate.core.db import migrate as apply_migrations
-
         apply_migrations(config.postgres)
     server = None
     if metrics_port:

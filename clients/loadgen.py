@@ -19,8 +19,9 @@ from typing import Any
 
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.schemas import INFERENCE_REQUEST, INFERENCE_RESULT, AvroDecoder, AvroEncoder
-from tidegate.schemas import load_schema as schema
+from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT
+from tidegate.schemas.catalog import load_schema as schema
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 
 __all__ = ["KafkaLoad", "LoadResult", "http_load", "percentile"]
 

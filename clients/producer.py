@@ -34,13 +34,8 @@ from tidegate.core.errors import (
 )
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.schemas import (
-    INFERENCE_REQUEST,
-    INFERENCE_RESULT,
-    AvroDecoder,
-    AvroEncoder,
-    load_schema,
-)
+from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.requests import Inputs, build_request, request_key
 
 __all__ = [

@@ -27,7 +27,7 @@ from tidegate.core.errors import (
     TidegateError,
 )
 from tidegate.gateway.backends import GatewayConfig
-from tidegate.gateway.problems import error_problem, problem
+from tidegate.gateway.problems import error_problem, validation_problem
 from tidegate.lifecycle.domain.parse import parse_at
 from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
 from tidegate.lifecycle.domain.routing import RoutingTable
@@ -60,12 +60,7 @@ class AdminRoute(APIRoute):
             except TidegateError as exc:
                 return error_problem(exc, instance=request.url.path)
             except RequestValidationError as exc:
-                first = exc.errors()[0] if exc.errors() else {}
-                field = ".".join(str(p) for p in first.get("loc", ())) or None
-                detail = str(first.get("msg", exc))
-                return problem(
-                    400, detail, instance=request.url.path, code="INVALID_INPUT", field=field
-                )
+                return validation_problem(exc, instance=request.url.path)
 
         return guarded
 

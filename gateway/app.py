@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import tidegate
 from tidegate.core.errors import TidegateError
 from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
-from tidegate.gateway.problems import error_problem, problem
+from tidegate.gateway.problems import error_problem, problem, validation_problem
 from tidegate.gateway.replica import GatewayRuntime
 from tidegate.gateway.routes import router
 
@@ -72,15 +72,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        first = exc.errors()[0] if exc.errors() else {}
-        field = ".".join(str(p) for p in first.get("loc", ())) or None
-        return problem(
-            400,
-            str(first.get("msg", exc)),
-            instance=request.url.path,
-            code="INVALID_INPUT",
-            field=field,
-        )
+        return validation_problem(exc, instance=request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

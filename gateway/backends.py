@@ -31,7 +31,8 @@ from tidegate.gateway.replies import ReplyFeed
 from tidegate.gateway.reply_feed import KafkaReplyFeed
 from tidegate.gateway.result_store import RedisResultStore, ResultStore
 from tidegate.lifecycle.readmodels.feed import LifecycleFeed
-from tidegate.schemas import INFERENCE_RESULT, AvroDecoder, load_schema
+from tidegate.schemas.catalog import INFERENCE_RESULT, load_schema
+from tidegate.schemas.codec import AvroDecoder
 
 __all__ = ["GatewayConfig", "GatewayServices", "ServicesFactory", "kafka_services"]
 

@@ -4,8 +4,8 @@ What is served comes from the model lifecycle (a `tidegate.lifecycle.readmodels.
 kept current from the `model-lifecycle` topic): a model is served while it has a primary version; a
 version may be asked for by name while it is validated and not retired; a version is ready once some
 worker reported it loaded and warmed up. A version's signature and runtime come from the lifecycle
-state too (`ModelRegistered` carries them), so the gateway never reads the artifact store and can
-run where the model files are not.
+state too (`ModelRegistered` carries them), so the V2 path never reads the artifact store and
+can run where the model files are not (only `/admin`'s register writes to the store).
 
 The gateway never routes: a request without a version is checked against the primary's
 signature, and the worker that takes it decides the version (`tidegate.lifecycle.domain.routing`).

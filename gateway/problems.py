@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from tidegate.core.errors import (
@@ -46,9 +47,11 @@ __all__ = [
     "problem",
     "problem_type",
     "registry_http_status",
+    "registry_status_for_error",
     "result_problem",
     "status_for_error",
     "status_for_result",
+    "validation_problem",
 ]
 
 PROBLEM_JSON = "application/problem+json"
@@ -104,14 +107,27 @@ def registry_http_status(error_code: int) -> int:
 
 
 def status_for_error(error: TidegateError) -> int:
+    return next((status for cls, status in _ERROR_STATUS if isinstance(error, cls)), 500)
+
+
+def registry_status_for_error(error: TidegateError) -> int:
+    """The registry API's statuses: the shared map first (a registry that is not ready is
+    retriable: 503), then Confluent's numeric codes, which its clients expect. Elsewhere a
+    registry error is the server's own fault (500), never a 404 that would read as "no model"."""
     status = next((status for cls, status in _ERROR_STATUS if isinstance(error, cls)), None)
     if status is not None:
         return status
-    # Past the shared classes (a registry that is not ready is retriable: 503), the registry's
-    # errors keep the statuses Confluent's clients expect from their numeric codes.
     if isinstance(error, SchemaRegistryError):
         return registry_http_status(error.error_code)
     return 500
+
+
+def validation_problem(exc: RequestValidationError, *, instance: str) -> ProblemResponse:
+    """A request FastAPI could not bind (a missing field, a wrong type) is the caller's invalid
+    input: the first error names the field."""
+    first = exc.errors()[0] if exc.errors() else {}
+    field = ".".join(str(p) for p in first.get("loc", ())) or None
+    return error_problem(InvalidInputError(str(first.get("msg", exc)), field), instance=instance)
 
 
 def status_for_result(status: str) -> int:

@@ -27,7 +27,7 @@ from tidegate.core.errors import (
     SchemaRegistryError,
     TidegateError,
 )
-from tidegate.gateway.problems import registry_http_status, status_for_error
+from tidegate.gateway.problems import registry_status_for_error
 from tidegate.schemas.registry import (
     SUPPORTED_SCHEMA_TYPES,
     BadRequestError,
@@ -35,7 +35,7 @@ from tidegate.schemas.registry import (
     SchemaVersion,
 )
 
-__all__ = ["CONTENT_TYPE", "RegistryJSONResponse", "create_app", "http_status"]
+__all__ = ["CONTENT_TYPE", "RegistryJSONResponse", "create_app"]
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
@@ -44,9 +44,6 @@ _log = logging.getLogger(__name__)
 
 class RegistryJSONResponse(JSONResponse):
     media_type = CONTENT_TYPE
-
-
-http_status = registry_http_status
 
 
 def _error(status: int, error_code: int, message: str) -> RegistryJSONResponse:
@@ -133,7 +130,7 @@ def create_app(registry: SchemaRegistry, *, startup_timeout_s: float = 60.0) -> 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SchemaRegistryError)
     async def on_registry_error(_: Request, exc: SchemaRegistryError) -> Response:
-        return _error(status_for_error(exc), exc.error_code, str(exc))
+        return _error(registry_status_for_error(exc), exc.error_code, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:

@@ -1,28 +1,9 @@
-"""Avro schemas of tidegate and the codec that speaks the Confluent wire format."""
+"""Avro schemas of tidegate (`catalog`), the codec that speaks the Confluent wire format (`codec`,
+`wire`), the registry domain (`registry`) and the V2 records (`tensors`, `signature`, `v2`,
+`v2_binary`, `requests`).
 
-from tidegate.schemas.catalog import (
-    DEAD_LETTER_ENVELOPE,
-    INFERENCE_REQUEST,
-    INFERENCE_RESULT,
-    MODEL_LIFECYCLE_EVENT,
-    ProjectSchema,
-    load_schema,
-    topic_subjects,
-)
-from tidegate.schemas.codec import AvroDecoder, AvroEncoder
-from tidegate.schemas.wire import MAGIC_BYTE, pack, unpack
+The package itself imports nothing: the V2 records are pure and must stay cheap to import, while
+the codec brings confluent-kafka and fastavro. Import each module by name.
+"""
 
-__all__ = [
-    "DEAD_LETTER_ENVELOPE",
-    "INFERENCE_REQUEST",
-    "INFERENCE_RESULT",
-    "MAGIC_BYTE",
-    "MODEL_LIFECYCLE_EVENT",
-    "AvroDecoder",
-    "AvroEncoder",
-    "ProjectSchema",
-    "load_schema",
-    "pack",
-    "topic_subjects",
-    "unpack",
-]
+__all__: list[str] = []

@@ -1,5 +1,5 @@
 """The shapes the projection queries return, and the pure functions that derive the history
-summaries and lineage rows from events (lifecycle/projections.py writes and reads them).
+summaries and lineage rows from events (lifecycle/eventstore/projections.py writes and reads them).
 
 Everything here is a function of the events alone, so a rebuilt projection equals the live one.
 """

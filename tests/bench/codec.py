@@ -18,7 +18,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.support import unique
 from tidegate.core.settings import SchemaRegistrySettings
-from tidegate.schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema
+from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 
 __all__ = ["run"]
 

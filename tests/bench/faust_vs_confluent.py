@@ -110,13 +110,8 @@ def _avro_relay(source: str, sink: str, group: str) -> None:
 
     from tidegate.core.kafka import make_consumer, make_producer
     from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-    from tidegate.schemas import (
-        INFERENCE_REQUEST,
-        INFERENCE_RESULT,
-        AvroDecoder,
-        AvroEncoder,
-        load_schema,
-    )
+    from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
+    from tidegate.schemas.codec import AvroDecoder, AvroEncoder
     from tidegate.schemas.tensors import from_numpy
 
     kafka = KafkaSettings()
@@ -227,8 +222,8 @@ def run(
     from tests.support import unique
     from tidegate.core.kafka import make_admin, make_producer
     from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-    from tidegate.schemas import INFERENCE_REQUEST, AvroEncoder, load_schema
-    from tidegate.schemas.catalog import topic_subjects
+    from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema, topic_subjects
+    from tidegate.schemas.codec import AvroEncoder
     from tidegate.schemas.registration import RegistryHttp, register_all
 
     kafka, registry_settings = KafkaSettings(), SchemaRegistrySettings()

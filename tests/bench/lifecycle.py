@@ -36,13 +36,8 @@ from tidegate.lifecycle.domain.state import fold
 from tidegate.lifecycle.eventstore.event_store import EventStore
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
-from tidegate.schemas import (
-    INFERENCE_REQUEST,
-    MODEL_LIFECYCLE_EVENT,
-    AvroDecoder,
-    AvroEncoder,
-    load_schema,
-)
+from tidegate.schemas.catalog import INFERENCE_REQUEST, MODEL_LIFECYCLE_EVENT, load_schema
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 
 __all__ = ["run"]
 

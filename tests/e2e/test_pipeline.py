@@ -21,14 +21,13 @@ from tests.support import unique, wait_for
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
 from tidegate.models.model_settings import ModelSettings
-from tidegate.schemas import (
+from tidegate.schemas.catalog import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
-    AvroDecoder,
-    AvroEncoder,
     load_schema,
 )
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.tensors import from_numpy
 
 RNG = np.random.default_rng(7)

@@ -98,7 +98,7 @@ def pg_settings() -> Iterator[PostgresSettings]:
 
 @pytest.fixture
 async def pg_pool(pg_settings: PostgresSettings) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    """An open pool (tidegate.db.make_pool) on the test's own schema."""
+    """An open pool (tidegate.core.db.make_pool) on the test's own schema."""
     pool = make_pool(pg_settings, LifecycleSettings(pool_min_size=1, pool_max_size=4))
     await pool.open(wait=True, timeout=30)
     yield pool
@@ -126,7 +126,7 @@ def lifecycle_topic(
     new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
 ) -> str:
     """A lifecycle topic of the test's own, its envelope registered."""
-    from tidegate.schemas import MODEL_LIFECYCLE_EVENT
+    from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
     from tidegate.schemas.registration import RegistryHttp, register_all
 
     topic = new_topic("lifecycle")

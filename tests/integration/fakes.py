@@ -15,13 +15,8 @@ from tests.support import unique
 from tests.unit.gateway_harness import compute
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.schemas import (
-    INFERENCE_REQUEST,
-    INFERENCE_RESULT,
-    AvroDecoder,
-    AvroEncoder,
-    load_schema,
-)
+from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.requests import request_key
 

@@ -41,15 +41,14 @@ from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.models.manifest import Manifest
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.store import LocalArtifactStore
-from tidegate.schemas import (
+from tidegate.schemas.catalog import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
-    AvroDecoder,
-    AvroEncoder,
     load_schema,
+    topic_subjects,
 )
-from tidegate.schemas.catalog import topic_subjects
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.signature import Signature, TensorSpec
 

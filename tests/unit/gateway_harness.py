@@ -30,7 +30,7 @@ from tidegate.gateway.replies import Deliver, ReplyFeed
 from tidegate.gateway.result_store import ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.state import ModelState
-from tidegate.schemas import INFERENCE_RESULT, load_schema
+from tidegate.schemas.catalog import INFERENCE_RESULT, load_schema
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import from_numpy, to_numpy
 

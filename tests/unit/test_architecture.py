@@ -33,6 +33,12 @@ DEFERRED = {
     # A gateway without /admin never loads the lifecycle's database code.
     ("tidegate.gateway.app", "tidegate.gateway.admin"),
 }
+CLI_DEFERRED = (
+    "tidegate.agents",
+    "tidegate.gateway",
+    "tidegate.examples",
+    "tidegate.lifecycle.control",
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -94,7 +100,7 @@ def test_a_forbidden_import_fails_the_lint(
     result = lint_imports(tmp_path)
     assert result.returncode != 0, result.stdout
     broken = result.stdout.split("Broken contracts")[-1]
-    assert contract in broken.replace("\n", " "), result.stdout
+    assert contract in " ".join(broken.split()), result.stdout
 
 
 def test_no_cycle_between_top_level_packages() -> None:
@@ -133,6 +139,37 @@ def test_every_module_imports_under_the_namespace_alone() -> None:
     assert "BARE []" in result.stdout
 
 
+def test_the_pure_domains_load_no_client_library() -> None:
+    """The V2 records and the lifecycle's domain do no I/O (an import-linter contract), and at
+    run time importing them loads no Kafka, Avro, database or Redis client either."""
+    pure = [
+        n
+        for n in module_files()
+        if n.startswith("tidegate.lifecycle.domain")
+        or n
+        in {
+            "tidegate.schemas.tensors",
+            "tidegate.schemas.signature",
+            "tidegate.schemas.v2",
+            "tidegate.schemas.v2_binary",
+            "tidegate.schemas.requests",
+            "tidegate.schemas.version_order",
+        }
+    ]
+    clients = ["confluent_kafka", "fastavro", "psycopg", "psycopg_pool", "redis", "httpx"]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {sorted(pure)!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print('LOADED', sorted(c for c in {clients!r} if c in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LOADED []" in result.stdout
+
+
 def test_module_names_do_not_repeat_across_packages() -> None:
     by_name: dict[str, list[str]] = collections.defaultdict(list)
     for dotted in module_files():
@@ -143,18 +180,28 @@ def test_module_names_do_not_repeat_across_packages() -> None:
     assert repeated == {}
 
 
+def function_body_imports(path: Path) -> set[str]:
+    found = set()
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "tidegate"}
+
+
 def test_no_function_body_imports_our_modules_except_deferred_heavy_ones() -> None:
     found = set()
     for dotted, path in module_files().items():
-        if dotted.startswith("tidegate.cli"):
-            continue  # the CLI defers faust, fastapi, torch and the controller: `--help` stays fast
-        tree = ast.parse(path.read_text())
-        for fn in ast.walk(tree):
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        for imported in function_body_imports(path):
+            # The CLI defers the modules that bring faust, fastapi and uvicorn, torch, or the
+            # controller's clients, so that `tidegate --help` stays fast; nothing else.
+            if dotted.startswith("tidegate.cli") and imported.startswith(CLI_DEFERRED):
                 continue
-            for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tidegate"):
-                    found.add((dotted, str(node.module)))
+            found.add((dotted, imported))
     assert found - DEFERRED == set()
 
 

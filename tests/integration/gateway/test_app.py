@@ -44,7 +44,7 @@ from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
-from tidegate.schemas import MODEL_LIFECYCLE_EVENT
+from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.signature import Signature
 

@@ -20,9 +20,16 @@ from tests.unit.schemas.test_codec import SAMPLES
 from tidegate.core.errors import SchemaMismatchError, UnknownSchemaError, WireFormatError
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
-from tidegate.schemas import INFERENCE_REQUEST, AvroDecoder, AvroEncoder, load_schema, pack, unpack
-from tidegate.schemas.catalog import SCHEMA_DIR, SHADOW_COMPARISON, event_subjects
+from tidegate.schemas.catalog import (
+    INFERENCE_REQUEST,
+    SCHEMA_DIR,
+    SHADOW_COMPARISON,
+    event_subjects,
+    load_schema,
+)
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.registration import RegistryHttp
+from tidegate.schemas.wire import pack, unpack
 
 TIDEGATE = [sys.executable, "-m", "tidegate.cli"]
 

@@ -13,7 +13,7 @@ import pytest
 from tidegate.clients.jsonl import parse_line
 from tidegate.clients.producer import TidegateProducer, build_request, request_key
 from tidegate.core.errors import ConfigurationError, InvalidInputError
-from tidegate.schemas import INFERENCE_REQUEST, load_schema
+from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
 REQUEST_SCHEMA = load_schema(INFERENCE_REQUEST).parsed

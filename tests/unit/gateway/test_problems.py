@@ -37,6 +37,7 @@ from tidegate.gateway.http_errors import (
 from tidegate.gateway.problems import (
     PROBLEM_JSON,
     error_problem,
+    registry_status_for_error,
     result_problem,
     status_for_error,
     status_for_result,
@@ -65,14 +66,28 @@ from tidegate.gateway.problems import (
         (InvalidTransitionError("x"), 422),
         (PromotionGateError("x"), 422),
         (ConcurrencyConflictError("m", 1, 2), 409),
-        (SubjectNotFoundError("x"), 404),
-        (IncompatibleSchemaError("x"), 409),
-        (InvalidSchemaError("x"), 422),
         (TidegateError("x"), 500),
     ],
 )
 def test_error_status(error: TidegateError, status: int) -> None:
     assert status_for_error(error) == status
+
+
+@pytest.mark.parametrize(
+    ("error", "v2_status", "registry_status"),
+    [
+        (SubjectNotFoundError("x"), 500, 404),
+        (IncompatibleSchemaError("x"), 500, 409),
+        (InvalidSchemaError("x"), 500, 422),
+        (RegistryUnavailableError("x"), 503, 503),
+        (InvalidInputError("x"), 400, 400),
+    ],
+)
+def test_registry_errors_keep_confluent_statuses_on_the_registry_api_alone(
+    error: TidegateError, v2_status: int, registry_status: int
+) -> None:
+    assert status_for_error(error) == v2_status
+    assert registry_status_for_error(error) == registry_status
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tidegate.gateway.registry_api import CONTENT_TYPE, create_app, http_status
+from tidegate.gateway.problems import registry_http_status as http_status
+from tidegate.gateway.registry_api import CONTENT_TYPE, create_app
 from tidegate.schemas.registry import MemoryLog, SchemaRegistry
 from tidegate.schemas.registry.records import decode_record
 from tidegate.schemas.registry.registry_state import RegistryState

@@ -25,18 +25,17 @@ from tidegate.core.errors import (
     UnknownSchemaError,
     WireFormatError,
 )
-from tidegate.schemas import (
+from tidegate.schemas.catalog import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
     MODEL_LIFECYCLE_EVENT,
-    AvroDecoder,
-    AvroEncoder,
+    SCHEMA_DIR,
+    ProjectSchema,
     load_schema,
-    pack,
-    unpack,
 )
-from tidegate.schemas.catalog import SCHEMA_DIR, ProjectSchema
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder
+from tidegate.schemas.wire import pack, unpack
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
 
