@@ -88,6 +88,8 @@ class InferenceWorker:
         self._commit_at = 0.0
         self._committed: dict[int, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Set once `stop()` has drained: the revoke that `close()` triggers must not wait again.
+        self._drained = False
 
     async def start(self) -> None:
         """Connect, subscribe and start consuming; models should be loaded before this."""
@@ -120,6 +122,8 @@ class InferenceWorker:
             self._loop.create_task(self._pump(), name="delivery-pump"),
             self._loop.create_task(self._fetch(), name="kafka-fetch"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._watch)
 
     @property
     def publisher(self) -> Publisher:
@@ -138,6 +142,7 @@ class InferenceWorker:
         drained = await asyncio.gather(
             *(p.drain(self._drain_timeout) for p in self._pipelines.values())
         )
+        self._drained = True
         if not all(drained):
             log.warning("stopping with undelivered results; they are redone after a restart")
         commits = [
@@ -160,6 +165,17 @@ class InferenceWorker:
             self._failed.set_result(None)
 
     # -- event loop side --------------------------------------------------------------------
+
+    def _watch(self, task: asyncio.Task[None]) -> None:
+        # A loop that dies would leave the worker up but consuming nothing: fail it instead, so
+        # `wait()` raises and the process exits for its supervisor to restart.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._fail(exc)
+        elif not self._stopping.is_set():
+            self._fail(RuntimeError(f"the worker's {task.get_name()} loop ended"))
 
     def _fail(self, exc: BaseException) -> None:
         log.error("worker failing: %s", exc)
@@ -248,7 +264,7 @@ class InferenceWorker:
 
     async def _revoked(self, partitions: list[int], drain: bool) -> list[TopicPartition]:
         pipelines = [self._pipelines[p] for p in partitions if p in self._pipelines]
-        if drain:
+        if drain and not self._drained:
             await asyncio.gather(*(p.drain(self._drain_timeout) for p in pipelines))
         commits = []
         for pipeline in pipelines:
