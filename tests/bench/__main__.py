@@ -2,20 +2,21 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`) runs one part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`) runs one part.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tests.bench import codec, faust_vs_confluent, lifecycle, pipeline
+from tests.bench import codec, faust_vs_confluent, lifecycle, pipeline, versus
 
 PARTS = {
     "codec": codec.run,
     "relay": lambda: faust_vs_confluent.main([]),
     "pipeline": pipeline.run,
     "lifecycle": lifecycle.run,
+    "versus": versus.run,
 }
 
 

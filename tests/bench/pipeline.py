@@ -24,7 +24,7 @@ from tests.support import unique
 from tidegate.cli.demo import TEXTS, fraud_body, fraud_record, minilm_body, minilm_record
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 
-__all__ = ["run"]
+__all__ = ["BARS", "STEP_S", "kafka_attempt", "run", "wait_group_settled"]
 
 STEP_S = 6.0
 BARS = {"fraud": 0.100, "minilm": 1.0}
@@ -122,7 +122,7 @@ def _sweep(model: str, attempt: Callable[[float], LoadResult]) -> tuple[float, l
     return best, runs
 
 
-def _kafka_attempt(load: KafkaLoad, model: str, tag: str, rate: float) -> LoadResult:
+def kafka_attempt(load: KafkaLoad, model: str, tag: str, rate: float) -> LoadResult:
     make = fraud_record if model == "fraud" else minilm_record
     run_tag = f"{tag}-{rate:g}"
     return load.run(
@@ -141,7 +141,7 @@ def _http_attempt(model: str, base: str, rate: float) -> LoadResult:
     )
 
 
-def _wait_group_settled(group: str, members: int, timeout_s: float = 60.0) -> None:
+def wait_group_settled(group: str, members: int, timeout_s: float = 60.0) -> None:
     """Until the workers' group is stable with every member holding partitions: measuring
     during the cooperative rebalance of workers that just joined times the rebalance (partitions
     revoked from one worker reach the other a heartbeat later), not the pipeline."""
@@ -194,7 +194,7 @@ def run() -> None:
         for child, port in zip(children[:2], (9111, 9112), strict=True):
             wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
         wait_http(f"{base}/v2/health/ready", children[2], 120)
-        _wait_group_settled(WorkerSettings().group_id, members=2)
+        wait_group_settled(WorkerSettings().group_id, members=2)
         sustained: dict[str, float] = {}
         load = KafkaLoad()
         load.start(lambda i: fraud_record(i, unique("warm")))
@@ -202,7 +202,7 @@ def run() -> None:
             for model in ("fraud", "minilm"):
                 print(f"pipeline: Kafka path, {model}")
                 sustained[f"kafka {model}"], _ = _sweep(
-                    model, functools.partial(_kafka_attempt, load, model, unique("b"))
+                    model, functools.partial(kafka_attempt, load, model, unique("b"))
                 )
                 print(f"pipeline: HTTP path, {model}")
                 sustained[f"http {model}"], _ = _sweep(

@@ -1,0 +1,242 @@
+"""Side by side with the peers (`python -m tests.bench versus`, part of `make bench`).
+
+On the same `fraud` ONNX model and the same open-loop rate steps, in rounds whose order alternates
+(these 2 cores are noisy; each contender's best round counts):
+
+* tidegate: 2 `tidegate worker` processes and 1 gateway; its Kafka path (Avro requests from
+  `KafkaLoad`) and its HTTP path (V2 JSON through the gateway, Kafka and back);
+* naive: 2 processes of the confluent-kafka loop a user writes (`tests.bench.peers.naive`);
+* quix: 2 processes of a quixstreams app, one model call per message (`tests.bench.peers.quix_app`);
+* mlserver: MLServer 1.7 in one process, a custom onnxruntime `MLModel`, adaptive batching 32 /
+  5 ms, `parallel_workers` 0 (the best of 0, 1 and 2 on 2 cores, by
+  `python -m tests.bench.mlserver.peer`).
+
+One contender runs at a time. A rate is sustained while p99 <= 100 ms with nothing lost or failed;
+a sweep stops at the first rate that misses. The JSON generator's ceiling against a bare relay is
+measured first: a peer sustained at that ceiling is limited by the generator, not by itself. CPU per
+request is summed over the contender's own processes (from /proc) at its last sustained rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.bench.mlserver import peer as mlserver
+from tests.bench.peers import jsonload, run_peers
+from tests.bench.pipeline import BARS, STEP_S, kafka_attempt, wait_group_settled
+from tests.support import free_port, unique
+from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.cli.demo import fraud_body, fraud_record
+from tidegate.cli.procs import spawn, stop_recorded, wait_http
+from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
+from tidegate.gateway.gateway_settings import GatewaySettings
+
+__all__ = ["run"]
+
+RATES = [250, 500, 750, 1000, 1500, 2000, 3000, 4000]
+ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
+RUN_DIR = Path("var/bench")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+CpuReaders = dict[str, Callable[[], float]]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of the processes, their threads included, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+@dataclass
+class Sweep:
+    """One contender's sweep in one round: the highest sustained rate, and at that rate the mean
+    batch and the CPU per request of each group of its processes."""
+
+    sustained: float = 0.0
+    mean_batch: float = 0.0
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    runs: list[LoadResult] = field(default_factory=list)
+
+
+def sweep(label: str, attempt: Callable[[float], LoadResult], cpu: CpuReaders) -> Sweep:
+    out = Sweep()
+    for rate in RATES:
+        before = {name: read() for name, read in cpu.items()}
+        result = attempt(float(rate))
+        used = {
+            name: 1000 * (read() - before[name]) / max(result.sent, 1) for name, read in cpu.items()
+        }
+        out.runs.append(result)
+        ok = not result.lost and not result.errors and result.p(0.99) <= BARS["fraud"] * 1000
+        shown = "  ".join(f"{name} {ms:.2f}" for name, ms in used.items())
+        print(
+            f"  {label:<15} {rate:>5}/s  p50 {result.p(0.5):6.1f}  p99 {result.p(0.99):7.1f} ms"
+            f"  lost {result.lost}  err {result.errors}  cpu ms/req: {shown}"
+            f"  {'ok' if ok else 'over the bar'}"
+        )
+        if not ok:
+            break
+        out.sustained, out.mean_batch, out.cpu_ms = float(rate), result.mean_batch, used
+    return out
+
+
+def http_attempt(
+    label: str, url: str, body: Callable[[int], dict[str, Any]], rate: float
+) -> LoadResult:
+    return asyncio.run(http_load(label, url, body, rate=rate, count=max(1, int(rate * STEP_S))))
+
+
+def json_attempt(load: jsonload.JsonLoad, label: str, rate: float) -> LoadResult:
+    record = functools.partial(run_peers.json_fraud_record, tag=unique(f"{label}-{rate:g}"))
+    return load.run(label, record, rate=rate, count=max(1, int(rate * STEP_S)))
+
+
+def measure_tidegate() -> dict[str, Sweep]:
+    stop_recorded(RUN_DIR)
+    gw = GatewaySettings()
+    base = f"http://{gw.host}:{gw.port}"
+    ports = (free_port(), free_port())
+    children = [
+        spawn(
+            f"worker-{k}",
+            ["worker", "--worker-id", f"bench-w{k}", "--metrics-port", str(p)],
+            RUN_DIR,
+        )
+        for k, p in enumerate(ports, start=1)
+    ]
+    children.append(spawn("gateway", ["gateway", "--no-admin"], RUN_DIR))
+    try:
+        for child, port in zip(children[:2], ports, strict=True):
+            wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
+        wait_http(f"{base}/v2/health/ready", children[2], 120)
+        wait_group_settled(WorkerSettings().group_id, members=2)
+        workers = [c.process.pid for c in children[:2]]
+        gateway = [children[2].process.pid]
+        load = KafkaLoad()
+        load.start(lambda i: fraud_record(i, unique("warm")))
+        with load:
+            kafka = sweep(
+                "tidegate kafka",
+                functools.partial(kafka_attempt, load, "fraud", unique("v")),
+                {"workers": lambda: cpu_seconds(workers)},
+            )
+        url = f"{base}/v2/models/fraud/infer"
+        http = sweep(
+            "tidegate http",
+            functools.partial(http_attempt, "tidegate http", url, fraud_body),
+            {
+                "all": lambda: cpu_seconds(workers + gateway),
+                "gateway": lambda: cpu_seconds(gateway),
+            },
+        )
+    finally:
+        for child in children:
+            child.stop()
+    return {"tidegate kafka": kafka, "tidegate http": http}
+
+
+@contextmanager
+def json_peer(
+    name: str, start: Callable[[str, str], run_peers.Peers]
+) -> Iterator[tuple[jsonload.JsonLoad, list[int]]]:
+    with (
+        run_peers.json_topics(f"bench-{name}") as (source, sink),
+        start(source, sink) as peers,
+        jsonload.JsonLoad(source, sink) as load,
+    ):
+        load.start(functools.partial(run_peers.json_fraud_record, tag=unique("warm")))
+        yield load, [c.process.pid for c in peers.children]
+
+
+def measure_json(name: str, start: Callable[[str, str], run_peers.Peers]) -> dict[str, Sweep]:
+    with json_peer(name, start) as (load, pids):
+        cpu: CpuReaders = {"all": lambda: cpu_seconds(pids)}
+        return {name: sweep(name, functools.partial(json_attempt, load, name), cpu)}
+
+
+def measure_mlserver() -> dict[str, Sweep]:
+    port = free_port()
+    with mlserver.start(0, port) as server:
+        url = f"{server.url}/v2/models/{mlserver.MODEL}/infer"
+        attempt = functools.partial(http_attempt, "mlserver", url, mlserver.mlserver_body)
+        return {"mlserver": sweep("mlserver", attempt, {"all": server.cpu_seconds})}
+
+
+CONTENDERS: list[tuple[str, Callable[[], dict[str, Sweep]]]] = [
+    ("tidegate", measure_tidegate),
+    ("naive", functools.partial(measure_json, "naive", run_peers.start_naive)),
+    ("quix", functools.partial(measure_json, "quix", run_peers.start_quix)),
+    ("mlserver", measure_mlserver),
+]
+
+
+def best(rounds: list[dict[str, Sweep]], name: str) -> Sweep:
+    found = [r[name] for r in rounds if name in r]
+    return max(found, key=lambda s: s.sustained) if found else Sweep()
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def run() -> None:
+    print("\nversus: the JSON generator's ceiling (bare relay, no model)")
+    ceiling = jsonload.ceiling(
+        progress=lambda r, rate: print(
+            f"  generator {rate:>6g}/s  p99 {r.p(0.99):7.1f} ms  lost {r.lost}"
+        )
+    )
+    print(f"  ceiling {ceiling.rate:,.0f}/s")
+    # Workers serve what the lifecycle says: register and promote the example models first.
+    from rich.console import Console
+
+    from tidegate.cli.demo_lifecycle import bootstrap
+    from tidegate.models.model_settings import ModelSettings
+
+    bootstrap(ModelSettings().store_dir.parent / "packages", Console())
+    rounds: list[dict[str, Sweep]] = []
+    for k in range(ROUNDS):
+        order = CONTENDERS if k % 2 == 0 else CONTENDERS[::-1]
+        found: dict[str, Sweep] = {}
+        for name, measure in order:
+            print(f"versus: round {k + 1}, {name}")
+            found.update(measure())
+        rounds.append(found)
+        print(
+            "  round sustained: " + ", ".join(f"{n} {s.sustained:,.0f}/s" for n, s in found.items())
+        )
+
+    names = ["tidegate kafka", "naive", "quix", "tidegate http", "mlserver"]
+    top = {name: best(rounds, name) for name in names}
+    print("\nversus: best round of each (sustained at p99 <= 100 ms, nothing lost)")
+    for name in names:
+        s = top[name]
+        every = [r[name].sustained for r in rounds if name in r]
+        cpu = ", ".join(f"{g} {ms:.2f}" for g, ms in s.cpu_ms.items())
+        print(
+            f"  {name:<15} {s.sustained:>7,.0f}/s  rounds {every}  batch {s.mean_batch:4.1f}"
+            f"  cpu ms/req {cpu}"
+        )
+    print(f"  generator ceiling (JSON) {ceiling.rate:,.0f}/s")
+    t = {name: top[name].sustained for name in names}
+    print("versus ratios")
+    for label, value, bar in (
+        ("tidegate Kafka / naive loop", ratio(t["tidegate kafka"], t["naive"]), ">= 1.0"),
+        ("tidegate Kafka / quixstreams", ratio(t["tidegate kafka"], t["quix"]), ">= 1.5"),
+        ("tidegate HTTP / MLServer", ratio(t["tidegate http"], t["mlserver"]), ">= 1.0"),
+    ):
+        print(f"  {label:<30} = {value:5.2f}  bar {bar}")
