@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
@@ -23,7 +23,7 @@ from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT
 from tidegate.schemas.catalog import load_schema as schema
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 
-__all__ = ["KafkaLoad", "LoadResult", "http_load", "percentile"]
+__all__ = ["AvroWire", "KafkaLoad", "LoadResult", "Wire", "http_load", "percentile"]
 
 RecordFactory = Callable[[int], dict[str, Any]]
 
@@ -80,6 +80,57 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class Wire(Protocol):
+    """How a load's requests go out and its results come back: topics, bytes and status."""
+
+    source: str
+    sink: str
+
+    def encode(self, record: dict[str, Any]) -> bytes: ...
+
+    def decode(self, raw: bytes) -> dict[str, Any]: ...
+
+    def key(self, record: dict[str, Any]) -> str | None:
+        """The message key; None spreads the request over partitions by its id."""
+
+    def unkeyed(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record without its key, so that warm-up requests reach every partition."""
+
+    def status(self, result: dict[str, Any]) -> str: ...
+
+
+class AvroWire:
+    """tidegate's contract: Avro `InferenceRequest`s in, `InferenceResult`s back, routing keys."""
+
+    def __init__(self, topics: TopicSettings) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        self.source, self.sink = topics.requests, topics.results
+        registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
+        self._encoder = AvroEncoder(registry, schema(INFERENCE_REQUEST))
+        self._decoder = AvroDecoder(registry, schema(INFERENCE_RESULT))
+        self._ctx = SerializationContext(topics.requests, MessageField.VALUE)
+
+    def encode(self, record: dict[str, Any]) -> bytes:
+        record["created_at"] = datetime.now(UTC)
+        encoded: bytes = self._encoder(record, self._ctx)
+        return encoded
+
+    def decode(self, raw: bytes) -> dict[str, Any]:
+        decoded: dict[str, Any] = self._decoder(raw)
+        return decoded
+
+    def key(self, record: dict[str, Any]) -> str | None:
+        return record.get("routing_key")
+
+    def unkeyed(self, record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, "routing_key": None}
+
+    def status(self, result: dict[str, Any]) -> str:
+        return str(result["status"])
+
+
 class KafkaLoad:
     """A long-lived producer of requests and reader of their results, as a real producer app is.
 
@@ -88,16 +139,15 @@ class KafkaLoad:
     start-up into every p99. `start` therefore warms every partition up before anything is timed.
     """
 
-    def __init__(self, topics: Any = None, *, keep_records: bool = False) -> None:
+    def __init__(
+        self, topics: Any = None, *, keep_records: bool = False, wire: Wire | None = None
+    ) -> None:
         """`topics` (a TopicSettings) defaults to the environment's; `keep_records` keeps every
-        result record in its LoadResult, for callers that check more than status and latency."""
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        self._kafka, self._topics = KafkaSettings(), topics or TopicSettings()
+        result record in its LoadResult, for callers that check more than status and latency;
+        `wire` replaces tidegate's Avro topics with another contract (the benchmark's peers)."""
+        self._kafka = KafkaSettings()
+        self._wire: Wire = wire or AvroWire(topics or TopicSettings())
         self._keep = keep_records
-        registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
-        self._encoder = AvroEncoder(registry, schema(INFERENCE_REQUEST))
-        self._decoder = AvroDecoder(registry, schema(INFERENCE_RESULT))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._due: dict[str, tuple[float, LoadResult]] = {}
@@ -108,23 +158,23 @@ class KafkaLoad:
     def start(self, warm_up: RecordFactory) -> None:
         from confluent_kafka import TopicPartition
 
-        topics = self._topics
+        sink, source = self._wire.sink, self._wire.source
         self._consumer = consumer = make_consumer(self._kafka, f"loadgen-{uuid.uuid4().hex[:8]}")
-        meta = consumer.list_topics(topics.results, timeout=10).topics[topics.results]
+        meta = consumer.list_topics(sink, timeout=10).topics[sink]
         ends = []
         for p in meta.partitions:
-            high = consumer.get_watermark_offsets(TopicPartition(topics.results, p), timeout=10)[1]
-            ends.append(TopicPartition(topics.results, p, high))
+            high = consumer.get_watermark_offsets(TopicPartition(sink, p), timeout=10)[1]
+            ends.append(TopicPartition(sink, p, high))
         consumer.assign(ends)
         self._reader = threading.Thread(target=self._collect, name="loadgen-results", daemon=True)
         self._reader.start()
         self._producer = make_producer(self._kafka)
-        requests = self._producer.list_topics(topics.requests, timeout=10).topics[topics.requests]
+        requests = self._producer.list_topics(source, timeout=10).topics[source]
         count = 16 * len(requests.partitions)
 
         def spread(i: int) -> dict[str, Any]:
             # Keyed by request id, so the warm-up reaches every partition (with near certainty).
-            return {**warm_up(i), "routing_key": None}
+            return self._wire.unkeyed(warm_up(i))
 
         self.run("warm-up", spread, rate=400.0, count=count)
 
@@ -153,12 +203,10 @@ class KafkaLoad:
         timeout_s: float = 60.0,
         progress: Callable[[int], None] | None = None,
     ) -> LoadResult:
-        """Publish `count` requests at `rate`/s and collect their results."""
-        from confluent_kafka.serialization import MessageField, SerializationContext
-
+        """Publish `count` requests at `rate`/s and collect their results for up to `timeout_s`
+        after the last one; what has not come back by then is lost."""
         result = LoadResult(label)
-        ctx = SerializationContext(self._topics.requests, MessageField.VALUE)
-        producer = self._producer
+        wire, producer = self._wire, self._producer
         start = time.perf_counter()
         for i in range(count):
             at = start + i / rate
@@ -166,11 +214,10 @@ class KafkaLoad:
             if delay > 0:
                 time.sleep(delay)
             record = make_record(i)
-            record["created_at"] = datetime.now(UTC)
             with self._lock:
                 self._due[record["request_id"]] = (at, result)
-            key = record.get("routing_key") or record["request_id"]
-            producer.produce(self._topics.requests, key=key, value=self._encoder(record, ctx))
+            key = wire.key(record) or record["request_id"]
+            producer.produce(wire.source, key=key, value=wire.encode(record))
             producer.poll(0)
             result.sent += 1
             if progress is not None:
@@ -194,10 +241,11 @@ class KafkaLoad:
     def _collect(self) -> None:
         while not self._stop.is_set():
             for msg in consume_ready(self._consumer, 500, 0.1):
-                if msg.error():
+                value = msg.value()
+                if msg.error() or value is None:
                     continue
                 now = time.perf_counter()
-                record = self._decoder(msg.value())
+                record = self._wire.decode(value)
                 with self._lock:
                     entry = self._due.pop(record["request_id"], None)
                 if entry is None:
@@ -207,7 +255,7 @@ class KafkaLoad:
                 result.batch_sizes.append(int(record.get("batch_size") or 0))
                 if self._keep:
                     result.records.append(record)
-                status = str(record["status"])
+                status = self._wire.status(record)
                 result.statuses[status] = result.statuses.get(status, 0) + 1
                 if status == "OK":
                     result.ok += 1

@@ -100,7 +100,7 @@ def http_attempt(
     return asyncio.run(http_load(label, url, body, rate=rate, count=max(1, int(rate * STEP_S))))
 
 
-def json_attempt(load: jsonload.JsonLoad, label: str, rate: float) -> LoadResult:
+def json_attempt(load: KafkaLoad, label: str, rate: float) -> LoadResult:
     record = functools.partial(run_peers.json_fraud_record, tag=unique(f"{label}-{rate:g}"))
     return load.run(label, record, rate=rate, count=max(1, int(rate * STEP_S)))
 
@@ -152,7 +152,7 @@ def measure_tidegate() -> dict[str, Sweep]:
 @contextmanager
 def json_peer(
     name: str, start: Callable[[str, str], run_peers.Peers]
-) -> Iterator[tuple[jsonload.JsonLoad, list[int]]]:
+) -> Iterator[tuple[KafkaLoad, list[int]]]:
     with (
         run_peers.json_topics(f"bench-{name}") as (source, sink),
         start(source, sink) as peers,

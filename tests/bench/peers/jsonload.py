@@ -20,145 +20,48 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from tidegate.clients.loadgen import LoadResult
+from tidegate.clients.loadgen import KafkaLoad, LoadResult
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings
 
-__all__ = ["Ceiling", "JsonLoad", "ceiling", "relay"]
-
-RecordFactory = Callable[[int], dict[str, Any]]
+__all__ = ["Ceiling", "JsonLoad", "JsonWire", "ceiling", "relay"]
 
 
-class JsonLoad:
-    """A long-lived producer of JSON requests to `source` and reader of their results on `sink`.
+class JsonWire:
+    """The peers' contract: JSON requests (`request_id`, `features`, `key`) to `source`, JSON
+    results (`request_id`, `probabilities`, `batch_size`) back on `sink`."""
 
-    An idempotent producer's first message to each partition waits for its producer id and the
-    partition's sequence state (~0.5 s here), so `start` warms every partition up before anything
-    is timed, as KafkaLoad does.
-    """
+    def __init__(self, source: str, sink: str) -> None:
+        self.source, self.sink = source, sink
 
-    def __init__(self, source: str, sink: str, kafka: KafkaSettings | None = None) -> None:
-        self._source, self._sink = source, sink
-        self._kafka = kafka or KafkaSettings()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._due: dict[str, tuple[float, LoadResult]] = {}
-        self._reader: threading.Thread | None = None
-        self._producer: Any = None
-        self._consumer: Any = None
+    def encode(self, record: dict[str, Any]) -> bytes:
+        return json.dumps({k: v for k, v in record.items() if k != "key"}).encode()
 
-    def start(self, warm_up: RecordFactory) -> None:
-        from confluent_kafka import TopicPartition
+    def decode(self, raw: bytes) -> dict[str, Any]:
+        decoded: dict[str, Any] = json.loads(raw)
+        return decoded
 
-        self._consumer = consumer = make_consumer(self._kafka, f"jsonload-{uuid.uuid4().hex[:8]}")
-        meta = consumer.list_topics(self._sink, timeout=10).topics[self._sink]
-        ends = []
-        for p in meta.partitions:
-            high = consumer.get_watermark_offsets(TopicPartition(self._sink, p), timeout=10)[1]
-            ends.append(TopicPartition(self._sink, p, high))
-        consumer.assign(ends)
-        self._reader = threading.Thread(target=self._collect, name="jsonload-results", daemon=True)
-        self._reader.start()
-        self._producer = make_producer(self._kafka)
-        source = self._producer.list_topics(self._source, timeout=10).topics[self._source]
-        count = 16 * len(source.partitions)
+    def key(self, record: dict[str, Any]) -> str | None:
+        key: str | None = record.get("key")
+        return key
 
-        def spread(i: int) -> dict[str, Any]:
-            # Keyed by request id, so the warm-up reaches every partition (with near certainty).
-            return {**warm_up(i), "key": None}
+    def unkeyed(self, record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, "key": None}
 
-        self.run("warm-up", spread, rate=400.0, count=count)
+    def status(self, result: dict[str, Any]) -> str:
+        # The relay of `ceiling` echoes requests, so only an explicit error counts as one.
+        return "error" if "error" in result else "OK"
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._reader is not None:
-            self._reader.join(5)
-            self._reader = None
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
 
-    def __enter__(self) -> JsonLoad:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def run(
-        self,
-        label: str,
-        make_record: RecordFactory,
-        *,
-        rate: float,
-        count: int,
-        grace_s: float = 15.0,
-    ) -> LoadResult:
-        """Publish `count` requests at `rate`/s; wait up to `grace_s` after the last one for the
-        results. `make_record(i)` gives `request_id`, `features` and the message `key`."""
-        result = LoadResult(label)
-        producer = self._producer
-        start = time.perf_counter()
-        for i in range(count):
-            at = start + i / rate
-            delay = at - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            record = make_record(i)
-            key = record.pop("key", None) or record["request_id"]
-            with self._lock:
-                self._due[record["request_id"]] = (at, result)
-            producer.produce(self._source, key=key, value=json.dumps(record))
-            producer.poll(0)
-            result.sent += 1
-        producer.flush(30)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self._pending(result):
-            time.sleep(0.02)
-        result.elapsed_s = time.perf_counter() - start
-        with self._lock:
-            lost = [rid for rid, (_, r) in self._due.items() if r is result]
-            for rid in lost:
-                del self._due[rid]
-        result.lost = len(lost)
-        return result
-
-    def _pending(self, result: LoadResult) -> bool:
-        with self._lock:
-            return any(r is result for _, r in self._due.values())
-
-    def _collect(self) -> None:
-        while not self._stop.is_set():
-            for msg in consume_ready(self._consumer, 500, 0.1):
-                value = msg.value()
-                if msg.error() or value is None:
-                    continue
-                now = time.perf_counter()
-                record = json.loads(value)
-                with self._lock:
-                    entry = self._due.pop(record["request_id"], None)
-                if entry is None:  # a warm-up straggler, or a duplicate after a rebalance
-                    continue
-                at, result = entry
-                result.latencies.append(now - at)
-                result.batch_sizes.append(int(record.get("batch_size") or 0))
-                # The relay of `ceiling` echoes requests, so only an explicit error counts as one.
-                status = "error" if "error" in record else "OK"
-                result.statuses[status] = result.statuses.get(status, 0) + 1
-                if status == "OK":
-                    result.ok += 1
-                else:
-                    result.errors += 1
+def JsonLoad(source: str, sink: str) -> KafkaLoad:  # noqa: N802 - reads as the class it builds
+    """`KafkaLoad` (open loop, warmed-up producer, results matched by request id) on JSON topics."""
+    return KafkaLoad(wire=JsonWire(source, sink))
 
 
 @dataclass
@@ -201,7 +104,7 @@ def ceiling(
                 functools.partial(json_fraud_record, tag=tag),
                 rate=float(rate),
                 count=max(1, int(rate * step_s)),
-                grace_s=10.0,
+                timeout_s=10.0,
             )
             cores = (time.process_time() - cpu) / result.elapsed_s if result.elapsed_s else 0.0
             out.runs.append(result)
