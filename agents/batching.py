@@ -1,21 +1,23 @@
-"""Micro-batching, like Ray Serve's batch queue, with one queue per Kafka partition.
+"""Dynamic batching, as Triton's dynamic batcher and Ray Serve's batch queue do it: one queue per
+model, fed by every partition.
 
-Each submitted item gets an asyncio future. A queue's loop waits for its first item, then for up
-to `max_batch_delay_ms` (counted from that item's arrival) or until `max_batch_size` items are
-there, and hands the batch to the handler. Batches of one queue run one after another, so the
-order of a partition (and so of every key) holds; queues of different partitions run concurrently.
+A queue dispatches as soon as its model is idle, taking everything queued up to `max_batch_size`.
+While a batch runs, new items collect, and the next batch goes the moment the running one ends, so
+batches grow with the load and an idle model adds no delay. `max_batch_delay_ms` > 0 lets an idle
+model wait that long (from the first queued item's arrival) for a fuller batch, as Triton's
+`max_queue_delay_microseconds`; 0, the default, dispatches at once (Ray's `batch_wait_timeout_s=0`).
 
-Every member is answered: with the handler's result in its position, or, when the handler fails
-or returns a different number of results than it was given, with the same exception.
+Items carry no future: the caller's only consumer reads results in batch order, so each finished
+batch goes to `deliver` whole, with its results in order, or with the one exception that fails
+every member (the handler raised, or returned a different number of results than it was given).
+One wake-up per batch, not one per item.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from tidegate.core.aio import cancel_and_wait
@@ -25,8 +27,7 @@ __all__ = [
     "BatchObserver",
     "BatchQueue",
     "BatchResultCountError",
-    "PartitionBatcher",
-    "Pending",
+    "KeyedBatcher",
     "QueueClosedError",
 ]
 
@@ -35,6 +36,8 @@ R = TypeVar("R")
 
 # The handler gets the items and how long each waited in the queue, in milliseconds.
 Handler = Callable[[Sequence[T], Sequence[float]], Awaitable[Sequence[R]]]
+# Told of each finished batch: its items, and their results in order or what failed them all.
+Deliver = Callable[[Sequence[T], Sequence[R] | BaseException], None]
 
 
 class BatchResultCountError(ModelExecutionError):
@@ -42,18 +45,11 @@ class BatchResultCountError(ModelExecutionError):
 
 
 class QueueClosedError(ModelUnavailableError):
-    """The queue stopped (shutdown or partition revoked) before this item was batched."""
+    """The queue stopped (shutdown) before this item was answered."""
 
 
 class BatchObserver(Protocol):
     def observe_batch(self, size: int, waits_ms: Sequence[float]) -> None: ...
-
-
-@dataclass(slots=True, eq=False)
-class Pending(Generic[T, R]):
-    item: T
-    future: asyncio.Future[R]
-    enqueued: float
 
 
 def check_knobs(max_batch_size: int, max_batch_delay_ms: float) -> None:
@@ -69,17 +65,19 @@ class BatchQueue(Generic[T, R]):
     def __init__(
         self,
         handler: Handler[T, R],
+        deliver: Deliver[T, R],
         *,
         max_batch_size: int = 32,
-        max_batch_delay_ms: float = 5.0,
+        max_batch_delay_ms: float = 0.0,
         observer: BatchObserver | None = None,
     ) -> None:
         check_knobs(max_batch_size, max_batch_delay_ms)
         self._handler = handler
+        self._deliver = deliver
         self._max = max_batch_size
         self._delay = max_batch_delay_ms / 1000.0
         self._observer = observer
-        self._items: deque[Pending[T, R]] = deque()
+        self._items: deque[tuple[T, float]] = deque()
         self._loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -92,31 +90,38 @@ class BatchQueue(Generic[T, R]):
         if self._task is None:
             self._task = self._loop.create_task(self._run(), name="batch-queue")
 
-    def submit(self, item: T) -> asyncio.Future[R]:
-        future: asyncio.Future[R] = self._loop.create_future()
+    def submit(self, item: T) -> None:
         if self._closed:
-            future.set_exception(QueueClosedError("the batch queue is closed"))
-            return future
-        self._items.append(Pending(item, future, self._loop.time()))
-        if len(self._items) == 1 or len(self._items) >= self._max:
+            self._deliver([item], QueueClosedError("the batch queue is closed"))
+            return
+        items = self._items
+        items.append((item, self._loop.time()))
+        if len(items) == 1 or len(items) == self._max:
             self._ready.set()
-        return future
 
     async def stop(self) -> None:
-        """Stop batching; a batch being computed is cancelled, and every member not yet answered
-        (running or still queued) fails with `QueueClosedError`."""
+        """Stop batching; a running batch is cancelled, and every member not yet answered
+        (running or still queued) is delivered `QueueClosedError`."""
         self._closed = True
         if self._task is not None:
             await cancel_and_wait([self._task])
             self._task = None
-        self._fail(self._items, QueueClosedError("the batch queue stopped"))
+        left = [item for item, _ in self._items]
         self._items.clear()
+        if left:
+            self._deliver(left, QueueClosedError("the batch queue stopped"))
 
     async def _run(self) -> None:
         while True:
             await self._wait_for_batch()
-            batch = [self._items.popleft() for _ in range(min(self._max, len(self._items)))]
-            await self._dispatch(batch)
+            now = self._loop.time()
+            take = min(self._max, len(self._items))
+            batch, waits = [], []
+            for _ in range(take):
+                item, enqueued = self._items.popleft()
+                batch.append(item)
+                waits.append((now - enqueued) * 1000.0)
+            await self._dispatch(batch, waits)
 
     async def _wait_for_batch(self) -> None:
         while not self._items:
@@ -124,7 +129,7 @@ class BatchQueue(Generic[T, R]):
             await self._ready.wait()
         if self._delay <= 0:
             return
-        deadline = self._items[0].enqueued + self._delay
+        deadline = self._items[0][1] + self._delay
         while len(self._items) < self._max:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
@@ -136,74 +141,68 @@ class BatchQueue(Generic[T, R]):
             finally:
                 timer.cancel()
 
-    async def _dispatch(self, batch: list[Pending[T, R]]) -> None:
-        now = self._loop.time()
-        waits = [(now - p.enqueued) * 1000.0 for p in batch]
+    async def _dispatch(self, batch: list[T], waits: list[float]) -> None:
         if self._observer is not None:
             self._observer.observe_batch(len(batch), waits)
+        outcome: Sequence[R] | BaseException
         try:
-            results = await self._handler([p.item for p in batch], waits)
+            outcome = await self._handler(batch, waits)
         except asyncio.CancelledError:
-            self._fail(batch, QueueClosedError("the batch was cancelled"))
+            self._deliver(batch, QueueClosedError("the batch was cancelled"))
             raise
         except Exception as exc:
-            self._fail(batch, exc)
-            return
-        if len(results) != len(batch):
-            self._fail(
-                batch,
-                BatchResultCountError(f"{len(results)} results for a batch of {len(batch)}"),
-            )
-            return
-        for pending, result in zip(batch, results, strict=True):
-            if not pending.future.done():
-                pending.future.set_result(result)
-
-    @staticmethod
-    def _fail(batch: Sequence[Pending[T, R]], exc: BaseException) -> None:
-        for pending in batch:
-            if not pending.future.done():
-                pending.future.set_exception(exc)
+            outcome = exc
+        else:
+            if len(outcome) != len(batch):
+                outcome = BatchResultCountError(
+                    f"{len(outcome)} results for a batch of {len(batch)}"
+                )
+        self._deliver(batch, outcome)
 
 
-class PartitionBatcher(Generic[T, R]):
-    """One `BatchQueue` per partition, made on first use and dropped when the partition goes."""
+class KeyedBatcher(Generic[T, R]):
+    """One `BatchQueue` per key (a model name), made on first use; all share one `deliver`."""
 
     def __init__(
         self,
         handler: Handler[T, R],
+        deliver: Deliver[T, R],
         *,
         max_batch_size: int = 32,
-        max_batch_delay_ms: float = 5.0,
+        max_batch_delay_ms: float = 0.0,
         observer: BatchObserver | None = None,
     ) -> None:
         check_knobs(max_batch_size, max_batch_delay_ms)
-        self._new_queue = functools.partial(
-            BatchQueue[T, R],
-            handler,
-            max_batch_size=max_batch_size,
-            max_batch_delay_ms=max_batch_delay_ms,
-            observer=observer,
-        )
+        self._handler = handler
+        self._deliver = deliver
+        self._max = max_batch_size
+        self._delay = max_batch_delay_ms
+        self._observer = observer
         self._queues: dict[Hashable, BatchQueue[T, R]] = {}
+        self._closed = False
 
-    def submit(self, partition: Hashable, item: T) -> asyncio.Future[R]:
-        queue = self._queues.get(partition)
+    def submit(self, key: Hashable, item: T) -> None:
+        queue = self._queues.get(key)
         if queue is None:
-            queue = self._new_queue()
+            if self._closed:
+                self._deliver([item], QueueClosedError("the batcher is stopped"))
+                return
+            queue = BatchQueue(
+                self._handler,
+                self._deliver,
+                max_batch_size=self._max,
+                max_batch_delay_ms=self._delay,
+                observer=self._observer,
+            )
             queue.start()
-            self._queues[partition] = queue
-        return queue.submit(item)
+            self._queues[key] = queue
+        queue.submit(item)
 
-    def queued(self, partition: Hashable) -> int:
-        queue = self._queues.get(partition)
-        return len(queue) if queue is not None else 0
-
-    async def drop(self, partition: Hashable) -> None:
-        queue = self._queues.pop(partition, None)
-        if queue is not None:
-            await queue.stop()
+    def queued(self) -> int:
+        return sum(len(queue) for queue in self._queues.values())
 
     async def stop(self) -> None:
-        for partition in list(self._queues):
-            await self.drop(partition)
+        self._closed = True
+        queues, self._queues = list(self._queues.values()), {}
+        for queue in queues:
+            await queue.stop()

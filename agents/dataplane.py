@@ -45,7 +45,7 @@ from tidegate.lifecycle.domain.routing import Decision
 from tidegate.schemas.signature import validate_inputs
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
-__all__ = ["SHADOWED_RULES", "InferenceService", "RowCountError", "Versions"]
+__all__ = ["SHADOWED_RULES", "InferenceService", "RowCountError", "SignatureChecks", "Versions"]
 
 Result = dict[str, Any]
 # Only requests the traffic split served are shadowed: pinned and explicit ones are someone's
@@ -90,6 +90,7 @@ class InferenceService:
         self.models = models
         self.worker_id = worker_id
         self.shadow = shadow
+        self._checks = SignatureChecks()
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
@@ -97,6 +98,7 @@ class InferenceService:
         """One result per task, in order."""
         results: list[Result | None] = [None] * len(tasks)
         groups: dict[Hashable, tuple[LoadedModel, list[_Member]]] = {}
+        loaded: dict[tuple[str, str], LoadedModel] = {}
         now_ms = time.time() * 1000.0
         for index, (task, waited) in enumerate(zip(tasks, waits_ms, strict=True)):
             decision: Decision | None = None
@@ -109,8 +111,11 @@ class InferenceService:
                         f"the deadline passed {now_ms - deadline:.0f} ms before compute"
                     )
                 decision, shadows = self._route(task)
-                model = await self.models.get(task.model, decision.version)
-                member = _member(index, task, model, waited, decision.rule)
+                # A batch holds one model, mostly one version: look each up once.
+                name = (task.model, decision.version)
+                model = loaded.get(name) or await self.models.get(*name)
+                loaded[name] = model
+                member = _member(index, task, model, waited, decision.rule, self._checks)
                 member.shadows = shadows
             except Exception as exc:
                 version = decision.version if decision else None
@@ -119,12 +124,18 @@ class InferenceService:
                 continue
             groups.setdefault(_group_key(model, member), (model, []))[1].append(member)
         jobs: list[ShadowJob] = []
-        await asyncio.gather(
-            *(self._attempt(model, members, results, jobs) for model, members in groups.values())
-        )
+        if len(groups) == 1:
+            (model, members), *_ = groups.values()
+            await self._attempt(model, members, results, jobs)
+        else:
+            await asyncio.gather(
+                *(self._attempt(m, members, results, jobs) for m, members in groups.values())
+            )
         if jobs and self.shadow is not None:
             self.shadow.submit(jobs)
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        self._observe(done)
+        return done
 
     def _route(self, task: InferenceTask) -> tuple[Decision, tuple[str, ...]]:
         """The version that serves the request, why, and the shadow versions it is copied to."""
@@ -182,7 +193,7 @@ class InferenceService:
                 worker_id=self.worker_id,
                 rule=member.rule,
             )
-            results[member.index] = self._observed(result)
+            results[member.index] = result
 
     async def _infer(
         self, model: LoadedModel, members: list[_Member]
@@ -223,26 +234,69 @@ class InferenceService:
         timings: Timings,
         rule: str | None,
     ) -> Result:
-        result = error_result(
+        return error_result(
             task, exc, worker_id=self.worker_id, version=version, timings=timings, rule=rule
         )
-        return self._observed(result)
 
-    def _observed(self, result: Result) -> Result:
-        model, version = result["model"], result["model_version"]
-        if version is None and self.tables.table(model) is None:
-            model = "_unknown"  # names from requests must not grow the label set without bound
-        metrics.requests(model, version or "", result["status"]).inc()
-        metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
-        return result
+    def _observe(self, results: list[Result]) -> None:
+        """The batch's metrics: one increment per (model, version, status) it holds."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for result in results:
+            model, version = result["model"], result["model_version"]
+            if version is None and self.tables.table(model) is None:
+                model = "_unknown"  # names from requests must not grow the label set unbounded
+            label = (model, version or "", result["status"])
+            counts[label] = counts.get(label, 0) + 1
+            metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
+        for label, count in counts.items():
+            metrics.requests(*label).inc(count)
+
+
+class SignatureChecks:
+    """Requests that passed the signature check, by model version and the names, datatypes and
+    shapes of their tensors: those decide the check, so each combination is checked once."""
+
+    _MAX = 4096
+
+    def __init__(self) -> None:
+        self._passed: dict[Hashable, tuple[str, ...]] = {}
+
+    def outputs(self, model: LoadedModel, request: dict[str, Any]) -> tuple[str, ...]:
+        """The outputs the request gets; `InvalidInputError` when it does not fit the model."""
+        inputs = request["inputs"]
+        asked = request.get("outputs")
+        key = (
+            model.name,
+            model.version,
+            tuple((t["name"], t["datatype"], tuple(t["shape"])) for t in inputs),
+            tuple(asked) if asked else None,
+        )
+        wanted = self._passed.get(key)
+        if wanted is not None:
+            return wanted
+        validate_inputs(model.signature, inputs)
+        known = [spec.name for spec in model.signature.outputs]
+        wanted = tuple(asked or known)
+        for name in wanted:
+            if name not in known:
+                raise InvalidInputError(f"unknown output {name!r}; the model gives {known}", name)
+        if len(self._passed) >= self._MAX:
+            self._passed.clear()  # unbounded shapes must not grow the worker's memory
+        self._passed[key] = wanted
+        return wanted
 
 
 def _member(
-    index: int, task: InferenceTask, model: LoadedModel, waited: float, rule: str
+    index: int,
+    task: InferenceTask,
+    model: LoadedModel,
+    waited: float,
+    rule: str,
+    checks: SignatureChecks,
 ) -> _Member:
     """Check a request against the model signature and gather what its sub-batch needs."""
     request = task.request
-    validate_inputs(model.signature, request["inputs"])
+    wanted = checks.outputs(model, request)
     arrays = task.arrays if task.arrays is not None else {}
     if not arrays:
         arrays = {t["name"]: to_numpy(t) for t in request["inputs"]}
@@ -253,11 +307,6 @@ def _member(
             raise InvalidInputError(f"inputs disagree on the batch size: {sizes}", name)
     if rows == 0:
         raise InvalidInputError("the request has no rows", next(iter(sizes)))
-    known = [spec.name for spec in model.signature.outputs]
-    wanted = tuple(request.get("outputs") or known)
-    for name in wanted:
-        if name not in known:
-            raise InvalidInputError(f"unknown output {name!r}; the model gives {known}", name)
     return _Member(index, task, arrays, rows, wanted, waited, rule)
 
 

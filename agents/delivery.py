@@ -3,11 +3,13 @@
 Results are encoded once and the same bytes go to `inference-results` (keyed like the request) and,
 when the request asks, to its `reply_to` topic and partition. The producer is the idempotent,
 acks=all one of `tidegate.core.kafka`, so messages of one partition land in produce order. Side
-records (shadow comparisons) share the producer; nothing waits for them or commits by them.
+records (shadow comparisons) share the producer, or go through `side` when the main one is
+transactional; nothing waits for them or commits by them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,6 +50,8 @@ class Publisher:
         self._letters = AvroEncoder(registry, load_schema(DEAD_LETTER_ENVELOPE))
         self._shadow = AvroEncoder(registry, load_schema(SHADOW_COMPARISON))
         self._ids: dict[str, int] = {}
+        # Exactly-once: the main producer is transactional and side records stay out of it.
+        self.side: Producer | None = None
 
     def start(self) -> None:
         """Resolve the schema ids once (blocking registry calls), so producing never waits."""
@@ -76,7 +80,7 @@ class Publisher:
         return self._results.encode(record, self._ids[self.topics.results])
 
     def result(
-        self, value: bytes, key: bytes | None, reply_to: Mapping[str, Any] | None, ack: Ack
+        self, value: bytes, key: bytes | None, reply_to: Mapping[str, Any] | None, ack: Ack | None
     ) -> int:
         """Produce an encoded result; returns how many messages were produced (1 or 2)."""
         self._produce(self.topics.results, value, key, None, ack)
@@ -87,7 +91,7 @@ class Publisher:
         return 2
 
     def dead_letter(
-        self, topic: str, envelope: Mapping[str, Any], key: bytes | None, ack: Ack
+        self, topic: str, envelope: Mapping[str, Any], key: bytes | None, ack: Ack | None
     ) -> None:
         self._produce(topic, self._letters.encode(envelope, self._ids[topic]), key, None, ack)
 
@@ -98,8 +102,9 @@ class Publisher:
         topic = self.topics.shadow
         value = self._shadow.encode(comparison, self._ids[topic])
         key = str(comparison["model"]).encode()
+        producer = self.side or self.producer
         try:
-            self.producer.produce(topic, key=key, value=value, on_delivery=_log_failure)
+            producer.produce(topic, key=key, value=value, on_delivery=_log_failure)
         except BufferError:
             metrics.SHADOW_SKIPPED.labels(
                 comparison["model"], comparison["candidate_version"], "queue-full"
@@ -107,18 +112,27 @@ class Publisher:
             return False
         return True
 
-    def poll(self) -> int:
-        """Serve delivery callbacks that are due (on the calling thread)."""
-        return int(self.producer.poll(0))
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery callbacks that are due (on the calling thread), waiting up to
+        `timeout` for the first."""
+        served = int(self.producer.poll(timeout))
+        if self.side is not None:
+            served += int(self.side.poll(0))
+        return served
 
     def flush(self, timeout: float) -> int:
         """Wait for outstanding messages; returns how many are still undelivered."""
-        return int(self.producer.flush(timeout))
+        left = int(self.producer.flush(timeout))
+        if self.side is not None:
+            left += int(self.side.flush(timeout))
+        return left
 
     def _produce(
-        self, topic: str, value: bytes, key: bytes | None, partition: int | None, ack: Ack
+        self, topic: str, value: bytes, key: bytes | None, partition: int | None, ack: Ack | None
     ) -> None:
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": ack}
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if ack is not None:
+            kwargs["on_delivery"] = ack
         if partition is not None and partition >= 0:
             kwargs["partition"] = partition
         while True:
@@ -126,8 +140,9 @@ class Publisher:
                 self.producer.produce(topic, **kwargs)
                 return
             except BufferError:
-                # The local queue is full: serve acknowledgements until there is room.
-                self.producer.poll(0.05)
+                # The local queue is full. The worker's delivery thread serves acknowledgements
+                # (serving them here too would count them on two threads): wait for room.
+                time.sleep(0.005)
 
 
 def _log_failure(err: KafkaError | None, msg: Message) -> None:

@@ -1,8 +1,15 @@
-"""The worker's Kafka hot path: a confluent-kafka batch consumer feeding partition pipelines.
+"""The worker's Kafka hot path: a confluent-kafka batch consumer feeding one batch queue per model.
 
 One thread owns the consumer: it polls, commits, pauses and resumes, and runs the rebalance
-callbacks. Everything else runs on the event loop. Commits carry, per partition, the end of the
-prefix of offsets whose results and dead letters Kafka acknowledged (at-least-once).
+callbacks. Another serves the producer's delivery reports. Everything else runs on the event loop:
+each poll's messages are decoded into their partitions' pipelines and queued by model, so a batch
+mixes requests of every partition; each finished batch hands its results back to the partitions,
+which pass them to the result sink in offset order, and the sink is flushed once per batch.
+
+At-least-once (the default): commits carry, per partition, the end of the prefix of offsets whose
+results and dead letters Kafka acknowledged. Exactly-once (`delivery="exactly-once"`): the sink
+produces in a transaction, and every `transaction_interval_ms` commits it together with the
+consumed positions; the consumer itself never commits.
 
 On revoke, the revoked partitions finish their in-flight work (bounded by `drain_timeout_s`), the
 delivered prefix is committed synchronously before the partitions are given up, and what is left
@@ -14,23 +21,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.batching import PartitionBatcher
+from tidegate.agents.batching import KeyedBatcher
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Publisher
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.partition import PartitionPipeline
+from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
+from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.worker_settings import WorkerSettings
-from tidegate.core.aio import cancel_and_wait
+from tidegate.core.aio import OwnerThread, cancel_and_wait
 from tidegate.core.errors import RetriableError
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
@@ -54,6 +61,7 @@ _LAG_EVERY_S = 5.0
 # every 100 ms bounds redelivery after a crash to that much work (at-least-once either way).
 _COMMIT_EVERY_S = 0.1
 _RETRY_DECODE_S = 1.0
+Result = dict[str, Any]
 
 
 class InferenceWorker:
@@ -81,6 +89,7 @@ class InferenceWorker:
             "session.timeout.ms": settings.session_timeout_ms,
             **(consumer_extra or {}),
         }
+        self._exactly_once = settings.delivery == "exactly-once"
         self._pipelines: dict[int, PartitionPipeline] = {}
         self._paused = False
         self._in_flight = 0
@@ -88,8 +97,15 @@ class InferenceWorker:
         self._commit_at = 0.0
         self._committed: dict[int, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._polling = threading.Event()
         # Set once `stop()` has drained: the revoke that `close()` triggers must not wait again.
         self._drained = False
+
+    @property
+    def transactional_id(self) -> str:
+        return self.settings.transactional_id or (
+            f"{self.settings.group_id}-{self.settings.worker_id}"
+        )
 
     async def start(self) -> None:
         """Connect, subscribe and start consuming; models should be loaded before this."""
@@ -99,17 +115,21 @@ class InferenceWorker:
         client = SchemaRegistryClient(self._registry.client_config())
         self._decoder = RequestDecoder(AvroDecoder(client, load_schema(INFERENCE_REQUEST)))
         client_id = f"{self._kafka.client_id}-{self.settings.worker_id}"
-        self._publisher = Publisher(
-            make_producer(self._kafka, {"client.id": client_id}), client, self.topics
-        )
-        await asyncio.to_thread(self._publisher.start)
-        self._batcher: PartitionBatcher[InferenceTask, dict[str, Any]] = PartitionBatcher(
-            self.service.process,
+        self._publisher = Publisher(self._new_producer(client_id), client, self.topics)
+        await asyncio.to_thread(self._start_publisher)
+        self._sink = self._new_sink()
+        self._batcher: KeyedBatcher[Slot, Result] = KeyedBatcher(
+            self._compute,
+            self._delivered,
             max_batch_size=self.settings.max_batch_size,
             max_batch_delay_ms=self.settings.max_batch_delay_ms,
             observer=metrics.PrometheusBatchObserver(),
         )
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="kafka-consumer")
+        self._thread = OwnerThread("kafka-consumer")
+        self._thread.start()
+        self._poller = threading.Thread(target=self._serve_acks, name="kafka-delivery", daemon=True)
+        self._polling.set()
+        self._poller.start()
         extra = {"client.id": client_id, **self._consumer_extra}
         self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
         self._consumer.subscribe(
@@ -118,12 +138,38 @@ class InferenceWorker:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        self._tasks = [
-            self._loop.create_task(self._pump(), name="delivery-pump"),
-            self._loop.create_task(self._fetch(), name="kafka-fetch"),
-        ]
+        self._tasks = [self._loop.create_task(self._fetch(), name="kafka-fetch")]
+        if isinstance(self._sink, TransactionalSink):
+            self._tasks.insert(0, self._loop.create_task(self._transact(), name="transactions"))
         for task in self._tasks:
             task.add_done_callback(self._watch)
+
+    def _new_producer(self, client_id: str) -> Any:
+        extra: dict[str, Any] = {"client.id": client_id}
+        if self._exactly_once:
+            extra["transactional.id"] = self.transactional_id
+            extra["transaction.timeout.ms"] = self.settings.transaction_timeout_ms
+        return make_producer(self._kafka, extra)
+
+    def _start_publisher(self) -> None:
+        self._publisher.start()
+        if self._exactly_once:
+            # Fences an earlier process with the same transactional.id and aborts what it left
+            # open, so its partitions' readers need not wait for the transaction timeout.
+            self._publisher.producer.init_transactions(30.0)
+            side = make_producer(self._kafka, {"client.id": f"{self._kafka.client_id}-side"})
+            self._publisher.side = side
+
+    def _new_sink(self) -> ResultSink:
+        if self._exactly_once:
+            return TransactionalSink(
+                self._publisher,
+                worker_id=self.settings.worker_id,
+                on_fatal=self._fail,
+                positions=self._positions,
+                group_metadata=lambda: self._consumer.consumer_group_metadata(),
+            )
+        return AckedSink(self._publisher, worker_id=self.settings.worker_id, on_fatal=self._fail)
 
     @property
     def publisher(self) -> Publisher:
@@ -145,24 +191,34 @@ class InferenceWorker:
         self._drained = True
         if not all(drained):
             log.warning("stopping with undelivered results; they are redone after a restart")
-        commits = [
-            TopicPartition(self.topics.requests, p, pipeline.tracker.position)
-            for p, pipeline in self._pipelines.items()
-            if pipeline.tracker.position is not None
-        ]
-        await self._loop.run_in_executor(self._thread, self._close_consumer, commits)
+        commits = [] if self._exactly_once else self._positions()
+        await self._end_transaction()
+        await self._thread.call(self._close_consumer, commits)
         for pipeline in list(self._pipelines.values()):
-            await pipeline.close()
+            pipeline.close()
         self._pipelines.clear()
         await self._batcher.stop()
+        self._polling.clear()
+        await asyncio.to_thread(self._poller.join)
         left = await asyncio.to_thread(self._publisher.flush, 10.0)
         if left:
             log.warning("%d messages not acknowledged at shutdown", left)
         await cancel_and_wait(self._tasks)
-        self._thread.shutdown(wait=True)
+        await asyncio.to_thread(self._thread.stop)
         metrics.IN_FLIGHT.set(0)
         if not self._failed.done():
             self._failed.set_result(None)
+
+    async def _end_transaction(self) -> None:
+        """Exactly-once: commit what a healthy worker produced, abort what a failing one did."""
+        sink = self._sink
+        if not isinstance(sink, TransactionalSink):
+            return
+        if self._failed.done():
+            await sink.abort()
+            return
+        with contextlib.suppress(Exception):
+            await sink.commit()
 
     # -- event loop side --------------------------------------------------------------------
 
@@ -194,19 +250,26 @@ class InferenceWorker:
             room = max(1, min(_FETCH_MAX, self.settings.max_in_flight - in_flight))
             now = time.monotonic()
             commits: list[TopicPartition] = []
-            if now - self._commit_at >= _COMMIT_EVERY_S:
+            if not self._exactly_once and now - self._commit_at >= _COMMIT_EVERY_S:
                 self._commit_at = now
                 commits = self._commits()
-            batch = await self._loop.run_in_executor(
-                self._thread, self._cycle, commits, pause, rewind, room
-            )
+            batch = await self._thread.call(self._cycle, commits, pause, rewind, room)
             rewind = self._ingest(batch)
             if rewind:
                 await asyncio.sleep(_RETRY_DECODE_S)
 
+    async def _transact(self) -> None:
+        assert isinstance(self._sink, TransactionalSink)  # noqa: S101 - started only then
+        interval = self.settings.transaction_interval_ms / 1000.0
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            await self._sink.commit()
+
     def _ingest(self, batch: list[Message]) -> list[TopicPartition]:
-        """Hand messages to their partitions; returns where to re-read after a transient error."""
+        """Hand messages to their partitions and queue their requests by model; returns where to
+        re-read after a transient error."""
         rewind: dict[int, TopicPartition] = {}
+        submit = self._batcher.submit
         for msg in batch:
             err = msg.error()
             partition = msg.partition()
@@ -219,7 +282,7 @@ class InferenceWorker:
             if pipeline is None:
                 continue  # revoked meanwhile
             try:
-                pipeline.accept(msg)
+                slot = pipeline.accept(msg)
             except RetriableError as exc:
                 log.warning(
                     "cannot decode %s[%s]@%s yet: %s", msg.topic(), partition, msg.offset(), exc
@@ -227,7 +290,25 @@ class InferenceWorker:
                 rewind[partition] = TopicPartition(
                     self.topics.requests, partition, msg.offset() or 0
                 )
+                continue
+            if slot is not None:
+                submit(slot.task.model, slot)
+        self._sink.flush()  # the poison pills' dead letters
         return list(rewind.values())
+
+    async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
+        return await self.service.process([slot.task for slot in slots], waits)
+
+    def _delivered(self, slots: Sequence[Slot], outcome: Sequence[Result] | BaseException) -> None:
+        hand_over(slots, outcome, worker_id=self.settings.worker_id)
+        self._sink.flush()
+
+    def _positions(self) -> list[TopicPartition]:
+        return [
+            TopicPartition(self.topics.requests, p, pipeline.tracker.position)
+            for p, pipeline in self._pipelines.items()
+            if pipeline.tracker.position is not None
+        ]
 
     def _commits(self) -> list[TopicPartition]:
         """Positions that moved since they were last committed."""
@@ -239,21 +320,19 @@ class InferenceWorker:
                 commits.append(TopicPartition(self.topics.requests, partition, position))
         return commits
 
-    async def _pump(self) -> None:
-        # Delivery callbacks run here, on the loop, so trackers are only touched by one thread.
-        while True:
-            served = self._publisher.poll()
-            await asyncio.sleep(0.001 if served or self._in_flight else 0.02)
+    def _serve_acks(self) -> None:
+        # Delivery reports arrive here; a flush's sink counts them and wakes the loop once.
+        while self._polling.is_set():
+            self._publisher.poll(0.1)
 
     def _new_pipeline(self, partition: int) -> PartitionPipeline:
         return PartitionPipeline(
             self.topics.requests,
             partition,
             decoder=self._decoder,
-            batcher=self._batcher,
-            publisher=self._publisher,
+            sink=self._sink,
+            topics=self.topics,
             worker_id=self.settings.worker_id,
-            on_fatal=self._fail,
         )
 
     async def _assigned(self, partitions: list[int]) -> None:
@@ -266,12 +345,19 @@ class InferenceWorker:
         pipelines = [self._pipelines[p] for p in partitions if p in self._pipelines]
         if drain and not self._drained:
             await asyncio.gather(*(p.drain(self._drain_timeout) for p in pipelines))
+        if not drain and self._exactly_once:
+            # The group moved on without us: the open transaction may hold results of the lost
+            # partitions, which their next owner redoes. It must never commit.
+            self._fail(RuntimeError(f"partitions {sorted(partitions)} were lost"))
+            await self._end_transaction()
+        elif drain and self._exactly_once and not self._drained:
+            await self._end_transaction()
         commits = []
         for pipeline in pipelines:
             position = pipeline.tracker.position if drain else None
-            if position is not None:
+            if position is not None and not self._exactly_once:
                 commits.append(TopicPartition(self.topics.requests, pipeline.partition, position))
-            await pipeline.close()
+            pipeline.close()
             del self._pipelines[pipeline.partition]
             self._committed.pop(pipeline.partition, None)
             with contextlib.suppress(KeyError):

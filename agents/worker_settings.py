@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
@@ -19,7 +21,34 @@ class WorkerSettings(BaseSettings):
     worker_id: str = Field(default_factory=instance_id, description="This worker's name.")
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most requests in one batch.")
     max_batch_delay_ms: float = Field(
-        5.0, ge=0, le=10_000, description="Longest wait for a batch to fill, in milliseconds."
+        0.0,
+        ge=0,
+        le=10_000,
+        description="How long an idle model waits for a fuller batch, in milliseconds; 0 "
+        "dispatches at once (a busy model's next batch collects while it runs anyway).",
+    )
+    delivery: Literal["at-least-once", "exactly-once"] = Field(
+        "at-least-once",
+        description="`exactly-once` consumes, processes and produces in Kafka transactions: "
+        "results, replies and dead letters are committed atomically with the input offsets.",
+    )
+    transaction_interval_ms: float = Field(
+        25.0,
+        gt=0,
+        le=60_000,
+        description="Exactly-once: how often the open transaction is committed. Results become "
+        "visible to read_committed readers only then, so this adds to their latency.",
+    )
+    transaction_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="Exactly-once: how long the brokers keep a dead worker's open transaction "
+        "before aborting it (and so how long read_committed readers of its partitions wait).",
+    )
+    transactional_id: str | None = Field(
+        None,
+        description="Exactly-once: this process's transactional.id (default: group id and worker "
+        "id). A restart with the same id fences and aborts the previous one at once.",
     )
     metrics_port: int = Field(
         9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: none)."

@@ -105,8 +105,16 @@ def demo(
     base = f"http://{gw.host}:{gw.port}"
     children = [
         spawn("controller", ["controller", "--migrate"], RUN_DIR),
-        spawn("worker-1", ["worker", "--worker-id", "demo-w1", "--metrics-port", "9101"], RUN_DIR),
-        spawn("worker-2", ["worker", "--worker-id", "demo-w2", "--metrics-port", "9102"], RUN_DIR),
+        spawn(
+            "worker-1",
+            ["worker", "--processes", "1", "--worker-id", "demo-w1", "--metrics-port", "9101"],
+            RUN_DIR,
+        ),
+        spawn(
+            "worker-2",
+            ["worker", "--processes", "1", "--worker-id", "demo-w2", "--metrics-port", "9102"],
+            RUN_DIR,
+        ),
         spawn("gateway", ["gateway"], RUN_DIR),
     ]
     results: list[LoadResult] = []

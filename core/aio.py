@@ -1,4 +1,4 @@
-"""Stopping background tasks for sure.
+"""Stopping background tasks for sure, and one thread that owns a blocking client.
 
 On Python 3.11 a cancellation can be lost: `asyncio.wait_for` drops it when the awaited future
 completes in the same loop iteration (CPython gh-86296, fixed in 3.12), and psycopg waits for
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from tidegate.core.errors import RetriableError
 
-__all__ = ["Periodic", "cancel_and_wait"]
+__all__ = ["OwnerThread", "Periodic", "cancel_and_wait"]
 
 _log = logging.getLogger(__name__)
 
@@ -89,3 +91,58 @@ class Periodic:
             except Exception:
                 _log.exception("%s failed; trying again in %.1f s", self.name, self._every_s)
             await asyncio.sleep(self._every_s)
+
+
+class OwnerThread:
+    """One thread that runs every call on a client that must stay on one thread (a Kafka
+    consumer: its rebalance callbacks run on the thread that polls it).
+
+    `run_in_executor` on a one-thread pool does the same, but pays for a concurrent future chained
+    to an asyncio one on every call; on the worker's hot path that is once per poll. Here a call is
+    one queue put, and its result one `call_soon_threadsafe`.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    def call(self, function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run `function(*args)` on the thread; the future (of the running loop) gets its
+        result or exception."""
+        assert self._loop is not None, "start() first"  # noqa: S101 - a programming error
+        future = self._loop.create_future()
+        self._calls.put((function, args, future))
+        return future
+
+    def stop(self) -> None:
+        """Let the calls already queued finish, then end the thread (blocks until it did)."""
+        self._calls.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        loop = self._loop
+        assert loop is not None  # noqa: S101 - set by start()
+        while (job := self._calls.get()) is not None:
+            function, args, future = job
+            try:
+                result = function(*args)
+            except BaseException as exc:  # handed to the caller
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

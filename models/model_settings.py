@@ -26,3 +26,11 @@ class ModelSettings(BaseSettings):
         1, ge=1, le=256, description="Threads inside one operator (onnxruntime and torch)."
     )
     inter_op_threads: int = Field(1, ge=1, le=256, description="Threads across operators.")
+    inline_below_ms: float = Field(
+        1.0,
+        ge=0,
+        le=1000,
+        description="A version whose batches take less than this (a moving average) runs on the "
+        "caller's event loop instead of its own thread, where the hop costs more than the "
+        "compute; 0 never inlines.",
+    )

@@ -132,6 +132,9 @@ def choose_weighted(salt: str, key: str, weights: Iterable[tuple[str, int]]) -> 
     """Weighted rendezvous (highest random weight) hashing: each version scores
     `-weight / ln(u)` for a per-(key, version) uniform `u`; the highest score wins, so each
     version wins a share equal to its weight and a key only moves when its winner changes."""
+    weights = list(weights)
+    if len(weights) == 1 and weights[0][1] > 0:
+        return weights[0][0]  # the only candidate wins every key: no hash to compute
     best, best_score = "", -math.inf
     for version, weight in weights:
         if weight <= 0:

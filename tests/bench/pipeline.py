@@ -186,8 +186,16 @@ def run() -> None:
     gw = GatewaySettings()
     base = f"http://{gw.host}:{gw.port}"
     children = [
-        spawn("worker-1", ["worker", "--worker-id", "bench-w1", "--metrics-port", "9111"], run_dir),
-        spawn("worker-2", ["worker", "--worker-id", "bench-w2", "--metrics-port", "9112"], run_dir),
+        spawn(
+            "worker-1",
+            ["worker", "--processes", "1", "--worker-id", "bench-w1", "--metrics-port", "9111"],
+            run_dir,
+        ),
+        spawn(
+            "worker-2",
+            ["worker", "--processes", "1", "--worker-id", "bench-w2", "--metrics-port", "9112"],
+            run_dir,
+        ),
         spawn("gateway", ["gateway"], run_dir),
     ]
     try:

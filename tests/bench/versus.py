@@ -113,7 +113,7 @@ def measure_tidegate() -> dict[str, Sweep]:
     children = [
         spawn(
             f"worker-{k}",
-            ["worker", "--worker-id", f"bench-w{k}", "--metrics-port", str(p)],
+            ["worker", "--processes", "1", "--worker-id", f"bench-w{k}", "--metrics-port", str(p)],
             RUN_DIR,
         )
         for k, p in enumerate(ports, start=1)

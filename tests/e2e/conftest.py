@@ -58,7 +58,7 @@ class Pipeline:
         port = free_port()
         child = spawn(
             name,
-            ["worker", "--worker-id", name, "--metrics-port", str(port)],
+            ["worker", "--processes", "1", "--worker-id", name, "--metrics-port", str(port)],
             self.run_dir,
             self.env,
         )

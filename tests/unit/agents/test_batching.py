@@ -1,19 +1,21 @@
-"""Micro-batching: size and delay triggers, per-partition order, every member answered."""
+"""Dynamic batching: dispatch when idle, collect while busy, the size cap and the idle delay, one
+queue per model, every member answered."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
+from tests.unit.agents.test_delivery import until
 from tidegate.agents.batching import (
     BatchQueue,
     BatchResultCountError,
-    PartitionBatcher,
+    KeyedBatcher,
     QueueClosedError,
 )
 from tidegate.agents.worker_metrics import PrometheusBatchObserver
@@ -21,37 +23,104 @@ from tidegate.agents.worker_settings import WorkerSettings
 
 
 class Recorder:
-    """A handler that records its batches and answers each item with `item * 10`."""
+    """A handler that records its batches and answers each item with `item * 10`; while `gate`
+    is set it holds each batch until the gate opens."""
 
     def __init__(self) -> None:
         self.batches: list[list[int]] = []
         self.waits: list[list[float]] = []
+        self.gate: asyncio.Event | None = None
+        self.running = asyncio.Event()
 
     async def __call__(self, items: Sequence[int], waits: Sequence[float]) -> list[int]:
         self.batches.append(list(items))
         self.waits.append(list(waits))
+        self.running.set()
+        if self.gate is not None:
+            await self.gate.wait()
         await asyncio.sleep(0)
         return [i * 10 for i in items]
 
 
-async def test_a_full_batch_goes_at_once_without_waiting_for_the_delay() -> None:
-    handler = Recorder()
-    queue = BatchQueue(handler, max_batch_size=4, max_batch_delay_ms=10_000)
+class Outbox:
+    """The `deliver` side: a future per submitted item, settled from the delivered batches."""
+
+    def __init__(self) -> None:
+        self.futures: dict[Hashable, asyncio.Future[object]] = {}
+        self.deliveries: list[list[Hashable]] = []
+
+    def expect(self, item: Hashable) -> asyncio.Future[object]:
+        future = self.futures[item] = asyncio.get_running_loop().create_future()
+        return future
+
+    def __call__(
+        self, items: Sequence[Hashable], outcome: Sequence[object] | BaseException
+    ) -> None:
+        self.deliveries.append(list(items))
+        for index, item in enumerate(items):
+            future = self.futures[item]
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome[index])
+
+
+def submit(
+    queue: BatchQueue[int, int], outbox: Outbox, *items: int
+) -> list[asyncio.Future[object]]:
+    futures = [outbox.expect(item) for item in items]
+    for item in items:
+        queue.submit(item)
+    return futures
+
+
+async def test_an_idle_model_gets_the_first_request_at_once() -> None:
+    handler, outbox = Recorder(), Outbox()
+    queue = BatchQueue(handler, outbox, max_batch_size=32)
     queue.start()
     started = time.monotonic()
-    futures = [queue.submit(i) for i in range(4)]
+    (future,) = submit(queue, outbox, 1)
+    assert await asyncio.wait_for(future, 2) == 10
+    assert time.monotonic() - started < 0.5
+    assert handler.batches == [[1]]
+    await queue.stop()
+
+
+async def test_requests_collect_while_a_batch_runs_and_go_together_when_it_ends() -> None:
+    handler, outbox = Recorder(), Outbox()
+    handler.gate = asyncio.Event()
+    queue = BatchQueue(handler, outbox, max_batch_size=8)
+    queue.start()
+    first = submit(queue, outbox, 0)
+    await asyncio.wait_for(handler.running.wait(), 2)
+    later = submit(queue, outbox, *range(1, 11))
+    await asyncio.sleep(0.01)
+    assert handler.batches == [[0]], "a batch started while the model was busy"
+    handler.gate.set()
+    await asyncio.wait_for(asyncio.gather(*first, *later), 2)
+    assert handler.batches == [[0], list(range(1, 9)), [9, 10]], "not capped at max_batch_size"
+    assert outbox.deliveries == handler.batches, "not one delivery per batch"
+    await queue.stop()
+
+
+async def test_a_full_batch_goes_at_once_without_waiting_for_the_delay() -> None:
+    handler, outbox = Recorder(), Outbox()
+    queue = BatchQueue(handler, outbox, max_batch_size=4, max_batch_delay_ms=10_000)
+    queue.start()
+    started = time.monotonic()
+    futures = submit(queue, outbox, *range(4))
     assert await asyncio.wait_for(asyncio.gather(*futures), 2) == [0, 10, 20, 30]
     assert time.monotonic() - started < 1.0
     assert handler.batches == [[0, 1, 2, 3]]
     await queue.stop()
 
 
-async def test_a_partial_batch_goes_when_the_delay_has_passed() -> None:
-    handler = Recorder()
-    queue = BatchQueue(handler, max_batch_size=100, max_batch_delay_ms=50)
+async def test_with_a_delay_an_idle_model_waits_that_long_for_a_fuller_batch() -> None:
+    handler, outbox = Recorder(), Outbox()
+    queue = BatchQueue(handler, outbox, max_batch_size=100, max_batch_delay_ms=50)
     queue.start()
     started = time.monotonic()
-    futures = [queue.submit(i) for i in range(3)]
+    futures = submit(queue, outbox, *range(3))
     assert await asyncio.wait_for(asyncio.gather(*futures), 2) == [0, 10, 20]
     assert time.monotonic() - started >= 0.045
     assert handler.batches == [[0, 1, 2]]
@@ -60,43 +129,44 @@ async def test_a_partial_batch_goes_when_the_delay_has_passed() -> None:
 
 
 async def test_more_than_a_batch_is_split_in_order() -> None:
-    handler = Recorder()
-    queue = BatchQueue(handler, max_batch_size=3, max_batch_delay_ms=0)
+    handler, outbox = Recorder(), Outbox()
+    queue = BatchQueue(handler, outbox, max_batch_size=3)
     queue.start()
-    results = await asyncio.wait_for(asyncio.gather(*(queue.submit(i) for i in range(7))), 2)
+    results = await asyncio.wait_for(asyncio.gather(*submit(queue, outbox, *range(7))), 2)
     assert results == [i * 10 for i in range(7)]
     assert [i for batch in handler.batches for i in batch] == list(range(7))
     assert max(len(b) for b in handler.batches) <= 3
     await queue.stop()
 
 
-async def test_batches_are_per_partition_and_keep_each_partitions_order() -> None:
-    seen: list[list[tuple[int, int]]] = []
-    running: set[int] = set()
-    overlapped = False
+async def test_one_queue_per_key_and_models_run_side_by_side() -> None:
+    gate = asyncio.Event()
+    running: set[str] = set()
+    both = asyncio.Event()
+    seen: list[list[tuple[str, int]]] = []
 
-    async def handler(items: Sequence[tuple[int, int]], waits: Sequence[float]) -> list[int]:
-        nonlocal overlapped
-        partition = items[0][0]
-        overlapped = overlapped or partition in running
-        running.add(partition)
+    async def handler(items: Sequence[tuple[str, int]], waits: Sequence[float]) -> list[int]:
+        models = {m for m, _ in items}
         seen.append(list(items))
-        await asyncio.sleep(0.005)
-        running.discard(partition)
-        return [seq for _, seq in items]
+        running.update(models)
+        if len(running) == 2:
+            both.set()
+        await gate.wait()
+        return [n for _, n in items]
 
-    batcher = PartitionBatcher(handler, max_batch_size=4, max_batch_delay_ms=1)
-    futures: dict[int, list[asyncio.Future[int]]] = {0: [], 1: []}
-    for seq in range(20):
-        for partition in (0, 1):
-            futures[partition].append(batcher.submit(partition, (partition, seq)))
-    for partition in (0, 1):
-        assert await asyncio.wait_for(asyncio.gather(*futures[partition]), 5) == list(range(20))
-    assert all(len({p for p, _ in batch}) == 1 for batch in seen), "a batch mixed partitions"
-    for partition in (0, 1):
-        order = [seq for batch in seen for p, seq in batch if p == partition]
-        assert order == list(range(20))
-    assert not overlapped, "two batches of one partition ran at the same time"
+    delivered: list[list[tuple[str, int]]] = []
+    batcher: KeyedBatcher[tuple[str, int], int] = KeyedBatcher(
+        handler, lambda items, _outcome: delivered.append(list(items)), max_batch_size=16
+    )
+    for n in range(6):
+        for model in ("slow", "fast"):
+            batcher.submit(model, (model, n))
+    await asyncio.wait_for(both.wait(), 2)  # neither model waits for the other
+    gate.set()
+    await until(lambda: sum(map(len, delivered)) == 12)
+    assert all(len({m for m, _ in batch}) == 1 for batch in seen), "a batch mixed models"
+    for model in ("slow", "fast"):
+        assert [n for b in delivered for m, n in b if m == model] == list(range(6))
     await batcher.stop()
 
 
@@ -104,9 +174,10 @@ async def test_a_wrong_number_of_results_fails_every_member() -> None:
     async def short(items: Sequence[int], waits: Sequence[float]) -> list[int]:
         return list(items)[:-1]
 
-    queue = BatchQueue(short, max_batch_size=3, max_batch_delay_ms=0)
+    outbox = Outbox()
+    queue = BatchQueue(short, outbox, max_batch_size=3)
     queue.start()
-    futures = [queue.submit(i) for i in range(3)]
+    futures = submit(queue, outbox, *range(3))
     outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 2)
     assert all(isinstance(o, BatchResultCountError) for o in outcomes)
     await queue.stop()
@@ -122,12 +193,13 @@ async def test_a_failing_handler_fails_every_member_and_the_queue_goes_on() -> N
             raise ValueError("boom")
         return list(items)
 
-    queue = BatchQueue(flaky, max_batch_size=3, max_batch_delay_ms=0)
+    outbox = Outbox()
+    queue = BatchQueue(flaky, outbox, max_batch_size=3)
     queue.start()
-    first = [queue.submit(i) for i in range(3)]
+    first = submit(queue, outbox, *range(3))
     outcomes = await asyncio.wait_for(asyncio.gather(*first, return_exceptions=True), 2)
     assert [type(o) for o in outcomes] == [ValueError] * 3
-    assert await asyncio.wait_for(queue.submit(7), 2) == 7
+    assert await asyncio.wait_for(submit(queue, outbox, 7)[0], 2) == 7
     await queue.stop()
 
 
@@ -138,14 +210,16 @@ async def test_stopping_answers_queued_and_running_members() -> None:
         await release.wait()
         return list(items)
 
-    queue = BatchQueue(slow, max_batch_size=2, max_batch_delay_ms=0)
+    outbox = Outbox()
+    queue = BatchQueue(slow, outbox, max_batch_size=2)
     queue.start()
-    futures = [queue.submit(i) for i in range(5)]
+    futures = submit(queue, outbox, *range(5))
     await asyncio.sleep(0.01)
     await queue.stop()
     outcomes = await asyncio.gather(*futures, return_exceptions=True)
     assert all(isinstance(o, QueueClosedError) for o in outcomes)
-    assert isinstance(queue.submit(9).exception(), QueueClosedError)
+    (late,) = submit(queue, outbox, 9)
+    assert isinstance(late.exception(), QueueClosedError)
 
 
 async def test_batch_size_and_wait_are_observed() -> None:
@@ -157,11 +231,10 @@ async def test_batch_size_and_wait_are_observed() -> None:
         sample("tidegate_worker_batch_size_sum"),
     )
     waits = sample("tidegate_worker_batch_wait_seconds_count")
-    queue = BatchQueue(
-        Recorder(), max_batch_size=5, max_batch_delay_ms=0, observer=PrometheusBatchObserver()
-    )
+    outbox = Outbox()
+    queue = BatchQueue(Recorder(), outbox, max_batch_size=5, observer=PrometheusBatchObserver())
     queue.start()
-    await asyncio.wait_for(asyncio.gather(*(queue.submit(i) for i in range(5))), 2)
+    await asyncio.wait_for(asyncio.gather(*submit(queue, outbox, *range(5))), 2)
     await queue.stop()
     assert sample("tidegate_worker_batch_size_count") == sizes + 1
     assert sample("tidegate_worker_batch_size_sum") == size_sum + 5
@@ -170,17 +243,17 @@ async def test_batch_size_and_wait_are_observed() -> None:
 
 async def test_knobs_are_validated() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
-        BatchQueue(Recorder(), max_batch_size=0)
+        BatchQueue(Recorder(), Outbox(), max_batch_size=0)
     with pytest.raises(ValueError, match="max_batch_delay_ms"):
-        PartitionBatcher(Recorder(), max_batch_delay_ms=-1)
+        KeyedBatcher(Recorder(), Outbox(), max_batch_delay_ms=-1)
     with pytest.raises(ValidationError):
         WorkerSettings(max_batch_size=0)
     with pytest.raises(ValidationError):
         WorkerSettings(max_batch_delay_ms=-0.5)
     assert WorkerSettings().max_batch_size == 32
-    assert WorkerSettings().max_batch_delay_ms == 5.0
+    assert WorkerSettings().max_batch_delay_ms == 0.0
 
 
 def test_a_queue_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
-        BatchQueue(Recorder())
+        BatchQueue(Recorder(), Outbox())

@@ -1,4 +1,5 @@
-"""A partition's pipeline without Kafka: delivery order, poison pills, dead letters, commits."""
+"""A partition's pipeline and the at-least-once sink without Kafka: delivery order, poison pills,
+dead letters, per-batch acknowledgements, commits."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tidegate.agents.batching import PartitionBatcher
+from confluent_kafka import KafkaError, KafkaException
+
+from tidegate.agents.batching import KeyedBatcher
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Ack
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.partition import PartitionPipeline
+from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.result_builders import Timings, error_result, ok_result
+from tidegate.agents.sinks import AckedSink
 from tidegate.core.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
 from tidegate.core.settings import TopicSettings
 from tidegate.dlq.envelopes import dead_letter, error_info
@@ -127,48 +131,99 @@ async def handler(tasks: Sequence[InferenceTask], waits: Sequence[float]) -> lis
     return out
 
 
-async def pipeline(publisher: Publisher) -> PartitionPipeline:
-    fatal: list[BaseException] = []
-    return PartitionPipeline(
-        "requests",
-        2,
-        decoder=RequestDecoder(decode),
-        batcher=PartitionBatcher(handler, max_batch_size=4, max_batch_delay_ms=1),
-        publisher=publisher,  # type: ignore[arg-type]
-        worker_id="w",
-        on_fatal=fatal.append,
-    )
+class Lane:
+    """One partition wired as the worker wires it: its requests batched by model (4 at most),
+    each finished batch handed over and the at-least-once sink flushed once."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.fatal: list[BaseException] = []
+        self.sink = AckedSink(
+            publisher,  # type: ignore[arg-type]
+            worker_id="w",
+            on_fatal=self.fatal.append,
+        )
+        self.pipe = PartitionPipeline(
+            "requests",
+            2,
+            decoder=RequestDecoder(decode),
+            sink=self.sink,
+            topics=TOPICS,
+            worker_id="w",
+        )
+        self.batcher: KeyedBatcher[Slot, dict[str, Any]] = KeyedBatcher(
+            self._compute, self._delivered, max_batch_size=4
+        )
+        self.flushes = 0
+
+    @property
+    def tracker(self) -> OffsetTracker:
+        return self.pipe.tracker
+
+    def accept(self, msg: Message) -> None:
+        slot = self.pipe.accept(msg)
+        if slot is not None:
+            self.batcher.submit(slot.task.model, slot)
+        self.sink.flush()
+
+    async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Any]:
+        return await handler([slot.task for slot in slots], waits)
+
+    def _delivered(self, slots: Sequence[Slot], outcome: Any) -> None:
+        hand_over(slots, outcome, worker_id="w")
+        self.flushes += 1
+        self.sink.flush()
+
+    async def close(self) -> None:
+        self.pipe.close()
+        await self.batcher.stop()
 
 
-async def test_results_go_out_in_offset_order_and_commit_waits_for_every_ack() -> None:
+async def test_results_go_out_in_offset_order_and_commit_waits_for_every_ack_of_a_batch() -> None:
     publisher = Publisher()
-    pipe = await pipeline(publisher)
+    lane = Lane(publisher)
     for offset in range(10):
-        pipe.accept(Message(offset, f"r{offset}".encode()))
+        lane.accept(Message(offset, f"r{offset}".encode()))
     await until(lambda: len(publisher.results) == 10)
     assert [r["request_id"] for r in publisher.results] == [f"r{i}" for i in range(10)]
-    assert pipe.tracker.committable() is None, "committed before Kafka acknowledged"
+    assert lane.flushes == 3, "not one flush per batch of 4"
+    assert lane.tracker.committable() is None, "committed before Kafka acknowledged"
     acks = publisher.pending
+    for ack in acks[4:8]:  # the whole second batch
+        ack(None, None)  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert lane.tracker.committable() is None, "the first batch is not acknowledged yet"
+    for ack in acks[:3]:
+        ack(None, None)  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert lane.tracker.committable() is None, "one result of the first batch is still out"
     acks[3](None, None)  # type: ignore[arg-type]
-    acks[0](None, None)  # type: ignore[arg-type]
-    assert pipe.tracker.committable() == 1
-    for ack in acks[1:3]:
+    await until(lambda: lane.tracker.position == 8)
+    assert await lane.pipe.drain(0.05) is False
+    for ack in acks[8:]:
         ack(None, None)  # type: ignore[arg-type]
-    assert pipe.tracker.committable() == 4
-    assert await pipe.drain(0.05) is False
-    for ack in acks[4:]:
-        ack(None, None)  # type: ignore[arg-type]
-    assert await pipe.drain(1.0) is True
-    assert pipe.tracker.committable() == 10
-    await pipe.close()
+    assert await lane.pipe.drain(1.0) is True
+    assert lane.tracker.committable() == 10
+    await lane.close()
+
+
+async def test_a_failed_acknowledgement_is_fatal_and_its_batch_is_never_released() -> None:
+    publisher = Publisher()
+    lane = Lane(publisher)
+    lane.accept(Message(0, b"r0"))
+    await until(lambda: len(publisher.pending) == 1)
+    publisher.pending[0](KafkaError(KafkaError._MSG_TIMED_OUT), None)  # type: ignore[arg-type]
+    await until(lambda: bool(lane.fatal))
+    assert isinstance(lane.fatal[0], KafkaException)
+    assert lane.tracker.position is None
+    await lane.close()
 
 
 async def test_poison_is_quarantined_with_its_reason_and_the_next_message_is_served() -> None:
     publisher = Publisher()
-    pipe = await pipeline(publisher)
-    pipe.accept(Message(0, b"\x21garbage!"))
-    pipe.accept(Message(1, b"unknown-id"))
-    pipe.accept(Message(2, b"after"))
+    lane = Lane(publisher)
+    lane.accept(Message(0, b"\x21garbage!"))
+    lane.accept(Message(1, b"unknown-id"))
+    lane.accept(Message(2, b"after"))
     await until(lambda: len(publisher.results) == 1)
     assert publisher.results[0]["request_id"] == "after"
     (topic, first), (_, second) = publisher.letters
@@ -182,15 +237,15 @@ async def test_poison_is_quarantined_with_its_reason_and_the_next_message_is_ser
     assert first["request_id"] is None
     assert second["error"]["code"] == "UNKNOWN_SCHEMA"
     publisher.ack_all()
-    assert pipe.tracker.committable() == 3
-    await pipe.close()
+    await until(lambda: lane.tracker.position == 3)
+    await lane.close()
 
 
 async def test_a_tensor_not_fitting_its_shape_is_poison_and_answered_invalid() -> None:
     publisher = Publisher()
-    pipe = await pipeline(publisher)
-    pipe.accept(Message(0, b"short:r-bad"))
-    pipe.accept(Message(1, b"r-good"))
+    lane = Lane(publisher)
+    lane.accept(Message(0, b"short:r-bad"))
+    lane.accept(Message(1, b"r-good"))
     await until(lambda: len(publisher.results) == 2)
     bad, good = publisher.results
     assert bad["status"] == "INVALID"
@@ -201,13 +256,13 @@ async def test_a_tensor_not_fitting_its_shape_is_poison_and_answered_invalid() -
     assert envelope["request_id"] == "r-bad"
     assert envelope["error"]["code"] == "INVALID_INPUT"
     assert envelope["error"]["details"] == {"stage": "decode"}
-    await pipe.close()
+    await lane.close()
 
 
 async def test_a_failed_request_gets_an_error_result_and_a_dead_letter() -> None:
     publisher = Publisher()
-    pipe = await pipeline(publisher)
-    pipe.accept(Message(7, b"fail-1"))
+    lane = Lane(publisher)
+    lane.accept(Message(7, b"fail-1"))
     await until(lambda: len(publisher.letters) == 1)
     assert publisher.results[0]["status"] == "ERROR"
     ((topic, envelope),) = publisher.letters
@@ -219,8 +274,19 @@ async def test_a_failed_request_gets_an_error_result_and_a_dead_letter() -> None
     assert envelope["worker_id"] == "w"
     assert len(publisher.pending) == 2
     publisher.ack_all()
-    assert pipe.tracker.committable() == 8
-    await pipe.close()
+    await until(lambda: lane.tracker.position == 8)
+    await lane.close()
+
+
+async def test_a_batch_failing_as_a_whole_answers_every_member_with_the_error() -> None:
+    publisher = Publisher()
+    lane = Lane(publisher)
+    slots = [lane.pipe.accept(Message(offset, f"r{offset}".encode())) for offset in range(3)]
+    hand_over([s for s in slots if s is not None], ModelExecutionError("gone"), worker_id="w")
+    lane.sink.flush()
+    assert [r["status"] for r in publisher.results] == ["ERROR"] * 3
+    assert [topic for topic, _ in publisher.letters] == [TOPICS.failed] * 3
+    await lane.close()
 
 
 def test_the_tracker_commits_only_the_done_prefix() -> None:
@@ -266,11 +332,15 @@ def test_envelopes_carry_the_error_tree() -> None:
 
 async def test_closing_abandons_what_is_not_delivered() -> None:
     publisher = Publisher()
-    pipe = await pipeline(publisher)
-    pipe.accept(Message(0, b"r0"))
-    await asyncio.sleep(0)
-    await pipe.close()
-    assert pipe.tracker.committable() is None
+    lane = Lane(publisher)
+    slot = lane.pipe.accept(Message(0, b"r0"))
+    assert slot is not None
+    lane.pipe.close()
+    hand_over([slot], [{"status": "OK"}], worker_id="w")
+    lane.sink.flush()
+    assert publisher.results == [], "a result of a closed partition was published"
+    assert lane.tracker.committable() is None
+    await lane.close()
 
 
 class _FullProducer:

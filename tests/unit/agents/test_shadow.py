@@ -7,13 +7,14 @@ import asyncio
 import math
 import struct
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 from prometheus_client import REGISTRY
 
+from tests.unit.agents.test_batching import Outbox
 from tests.unit.agents.test_dataplane import (
     SIGNATURE,
     FakeRuntime,
@@ -251,16 +252,20 @@ async def test_results_are_the_same_with_and_without_a_shadow() -> None:
 async def test_a_shadow_starts_only_after_the_primary_results_are_handed_over() -> None:
     async with Shadowed() as s:
         s.candidate.gate = asyncio.Event()  # the candidate never finishes until the end
+        outbox = Outbox()
         queue: BatchQueue[InferenceTask, Record] = BatchQueue(
-            s.service.process, max_batch_size=4, max_batch_delay_ms=1
+            s.service.process, outbox, max_batch_size=4, max_batch_delay_ms=1
         )
         queue.start()
         seen_by_consumer: list[int] = []
-        futures = [queue.submit(rows_task(f"r{i}", [[1, 3, 1, 1]])) for i in range(4)]
+        tasks = [rows_task(f"r{i}", [[1, 3, 1, 1]]) for i in range(4)]
+        futures = [outbox.expect(task) for task in tasks]
+        for task in tasks:
+            queue.submit(task)
         for future in futures:
             future.add_done_callback(lambda _f: seen_by_consumer.append(len(s.candidate.calls)))
         results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
-        assert [r["status"] for r in results] == ["OK"] * 4
+        assert [cast(Record, r)["status"] for r in results] == ["OK"] * 4
         assert seen_by_consumer == [0, 0, 0, 0], "the candidate ran before results were out"
         await until(lambda: s.candidate.calls)
         assert s.runner.in_flight == 1

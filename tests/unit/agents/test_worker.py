@@ -58,7 +58,8 @@ class Record(delivery.Message):
 
 class WorkerPublisher(delivery.Publisher):
     """The pipeline tests' publisher plus what the worker calls; the acknowledgement of each
-    result waits, by request id, until the test gives it."""
+    result waits, by request id, until the test gives it. The sink releases a flush's offsets
+    once every one of its results is acknowledged."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,8 +70,9 @@ class WorkerPublisher(delivery.Publisher):
     def start(self) -> None:
         """No schema ids to resolve."""
 
-    def poll(self) -> int:
+    def poll(self, timeout: float = 0.0) -> int:
         self.polls += 1
+        time.sleep(min(timeout, 0.002))  # as librdkafka's poll waits when nothing is due
         return 0
 
     def flush(self, timeout: float) -> int:
@@ -298,6 +300,7 @@ class Harness:
         decoder: Callable[..., Any] = delivery.decode,
         drain_timeout_s: float = 2.0,
         consumer_extra: dict[str, Any] | None = None,
+        process: Callable[..., Any] = delivery.handler,
         **settings: Any,
     ) -> InferenceWorker:
         self._monkeypatch.setattr(worker_module, "AvroDecoder", lambda *_: decoder)
@@ -311,14 +314,15 @@ class Harness:
         requests = consumer.topic if consumer is not None else topic
         assert requests is not None
         self.worker = InferenceWorker(
-            cast(InferenceService, SimpleNamespace(process=delivery.handler)),
+            cast(InferenceService, SimpleNamespace(process=process)),
             settings=WorkerSettings(
-                group_id=group or unique("group"),
-                worker_id="w-test",
-                max_batch_size=8,
-                max_batch_delay_ms=1,
-                metrics_port=0,
-                **settings,
+                **{
+                    "group_id": group or unique("group"),
+                    "worker_id": "w-test",
+                    "max_batch_size": 8,
+                    "metrics_port": 0,
+                    **settings,
+                }
             ),
             kafka=kafka or KafkaSettings(),
             topics=TopicSettings(requests=requests),
@@ -369,7 +373,7 @@ async def fetch_turns(consumer: FakeConsumer, count: int = 5) -> None:
 
 
 async def loop_turns(publisher: WorkerPublisher, count: int = 20) -> None:
-    """Let the event loop run a while: the delivery pump polls the publisher every round."""
+    """Let the worker run a while: its delivery thread polls the publisher every round."""
     start = publisher.polls
     await until(lambda: publisher.polls >= start + count)
 
@@ -377,14 +381,14 @@ async def loop_turns(publisher: WorkerPublisher, count: int = 20) -> None:
 # -- commits -------------------------------------------------------------------------------------
 
 
-async def test_the_commit_stops_at_the_first_unacknowledged_result_and_moves_on_after_it(
+async def test_the_commit_waits_for_every_result_of_a_batch_and_moves_on_after_it(
     harness: Harness,
 ) -> None:
     consumer = FakeConsumer(unique("requests"))
     await harness.start(consumer)
     publisher = harness.publisher
     await rebalanced(consumer, "assign", 0)
-    consumer.append(0, 5)
+    consumer.append(0, 5)  # one poll, one batch, one flush
     await until(lambda: len(publisher.acks) == 5)
     await rebalanced(consumer, "assign", 1)  # incremental: partition 0 carries on as it was
     consumer.append(1, 3)
@@ -395,13 +399,38 @@ async def test_the_commit_stops_at_the_first_unacknowledged_result_and_moves_on_
     publisher.ack("p0-0", "p0-1", "p0-3", "p0-4", "p1-0", "p1-1", "p1-2")
     await until(lambda: consumer.committed().get(1) == 3)
     await fetch_turns(consumer)
-    assert consumer.committed() == {0: 2, 1: 3}, "p0-2 is not delivered: nothing after it commits"
+    assert consumer.committed() == {1: 3}, "p0-2 is not delivered: nothing of its batch commits"
 
     publisher.ack("p0-2")
     await until(lambda: consumer.committed().get(0) == 5)
     await fetch_turns(consumer)
-    assert [c[0] for c in consumer.commits() if 0 in c] == [2, 5]
+    assert [c[0] for c in consumer.commits() if 0 in c] == [5]
     assert [c[1] for c in consumer.commits() if 1 in c] == [3], "an unmoved position was resent"
+
+
+async def test_one_batch_mixes_the_requests_of_many_partitions_and_each_keeps_its_order(
+    harness: Harness,
+) -> None:
+    consumer = FakeConsumer(unique("requests"))
+    batches: list[list[str]] = []
+
+    async def recording(tasks: Any, waits: Any) -> list[dict[str, Any]]:
+        batches.append([task.request_id for task in tasks])
+        return await delivery.handler(tasks, waits)
+
+    for partition in range(4):
+        consumer.append(partition, 2)
+    await harness.start(consumer, process=recording, max_batch_size=32)
+    publisher = harness.publisher
+    await rebalanced(consumer, "assign", 0, 1, 2, 3)
+    await until(lambda: len(publisher.results) == 8)
+    assert len(batches[0]) == 8, (
+        f"the first poll's 4 partitions were not batched together: {batches}"
+    )
+    for partition in range(4):
+        assert publisher.published(partition) == [rid(partition, 0), rid(partition, 1)]
+    publisher.ack_all()
+    await until(lambda: consumer.committed() == {p: 2 for p in range(4)})
 
 
 async def test_on_a_mock_cluster_kafka_gets_the_delivered_prefix_and_stop_commits_the_rest(
@@ -432,7 +461,6 @@ async def test_on_a_mock_cluster_kafka_gets_the_delivered_prefix_and_stop_commit
         publisher = harness.publisher
         await until(lambda: len(publisher.acks) == 6, 20)  # the mock's first join takes 3 s
         publisher.ack("p0-0", "p0-2", "p0-3", "p1-0", "p1-1")
-        assert await committed(lambda got: got.get(1) == 2) == {0: 1, 1: 2}
         publisher.ack("p0-1")
         await committed(lambda got: got == {0: 4, 1: 2})
 
@@ -466,16 +494,16 @@ async def test_consumption_pauses_at_max_in_flight_and_resumes_once_half_of_it_f
     await fetch_turns(consumer)
     assert list(publisher.acks) == ["p0-0", "p0-1", "p0-2", "p0-3"], "read past max_in_flight"
 
-    publisher.ack("p0-0")  # 3 unfinished: more than half the limit, still paused
+    publisher.ack("p0-0", "p0-1", "p0-2")  # the batch is not released: 4 unfinished, paused
     await fetch_turns(consumer)
     assert not [c for c in consumer.calls if c[0] == "resume"]
     assert len(publisher.results) == 4
 
-    publisher.ack("p0-1")  # 2 unfinished: consumption resumes, up to the limit again
-    await until(lambda: len(publisher.results) == 6)
+    publisher.ack("p0-3")  # 0 unfinished: consumption resumes, up to the limit again
+    await until(lambda: len(publisher.results) == 8)
     assert ("resume", [0]) in consumer.calls
     await fetch_turns(consumer)
-    assert len(publisher.results) == 6, "read past max_in_flight after resuming"
+    assert len(publisher.results) == 8, "read past max_in_flight after resuming"
 
     while len(publisher.results) < 10:
         publisher.ack_all()
@@ -529,14 +557,14 @@ async def test_a_revoke_waits_at_most_the_drain_timeout_and_the_next_owner_redoe
     started = time.monotonic()
     await rebalanced(consumer, "revoke", 0)
     assert time.monotonic() - started >= 0.2
-    assert consumer.commits(asynchronous=False) == [{0: 1}], "committed past p0-1"
+    assert consumer.commits() == [], "committed with p0-1 of the batch undelivered"
     publisher.ack("p0-1")  # acknowledged after all, too late: harmless, and not committed
     await fetch_turns(consumer)
-    assert consumer.committed() == {0: 1}
+    assert consumer.committed() == {}
 
-    await rebalanced(consumer, "assign", 0)  # back, as to the next owner: it reads from 1
-    await until(lambda: {"p0-1", "p0-2"} <= set(publisher.acks))
-    assert publisher.published(0) == ["p0-0", "p0-1", "p0-2", "p0-1", "p0-2"]
+    await rebalanced(consumer, "assign", 0)  # back, as to the next owner: it reads from 0
+    await until(lambda: len(publisher.published(0)) == 6)
+    assert publisher.published(0) == ["p0-0", "p0-1", "p0-2"] * 2
     publisher.ack_all()
     await until(lambda: consumer.committed() == {0: 3})
 
@@ -601,8 +629,7 @@ async def test_stop_gives_up_after_the_drain_timeout_and_commits_only_the_delive
     harness.stopped = True
     await asyncio.wait_for(worker.stop(), 5)
     assert consumer.closed
-    assert consumer.commits(asynchronous=False)
-    assert all(c == {0: 1} for c in consumer.commits()), "committed past the undelivered p0-1"
+    assert consumer.commits() == [], "committed a batch with the undelivered p0-1"
     await asyncio.wait_for(worker.wait(), 1)
 
 
@@ -636,8 +663,7 @@ async def test_a_result_kafka_did_not_take_fails_the_worker_and_its_offset_stays
         await asyncio.wait_for(worker.wait(), 5)
     assert failure.value.args[0].code() == KafkaError._MSG_TIMED_OUT
     await harness.stop()
-    assert consumer.commits(asynchronous=False)
-    assert all(c == {0: 1} for c in consumer.commits()), "committed past the undelivered p0-1"
+    assert consumer.commits() == [], "committed a batch with the undelivered p0-1"
     with pytest.raises(KafkaException):
         await worker.wait()  # still failed after the stop
 

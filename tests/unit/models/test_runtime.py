@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,13 +236,42 @@ async def test_warm_up_runs_one_synthetic_batch_in_the_runtime_thread(
         return compute(self, feeds)
 
     monkeypatch.setattr(OnnxRuntime, "_compute", spy)
-    runtime = await load_package(store, "tiny", "onnx", SETTINGS)
+    never_inline = SETTINGS.model_copy(update={"inline_below_ms": 0.0})
+    runtime = await load_package(store, "tiny", "onnx", never_inline)
     assert calls == [(calls[0][0], (ExecutorRuntime.warmup_rows, 8))]
     await runtime.infer({"x": BATCH})
     await runtime.infer({"x": BATCH[:1]})
     threads = {name for name, _ in calls}
     assert len(threads) == 1
     assert threads.pop().startswith("model-tiny version onnx")
+    await runtime.on_unload()
+
+
+async def test_a_model_faster_than_a_thread_hop_runs_inline_and_a_slow_one_goes_back(
+    store: LocalArtifactStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    compute = OnnxRuntime._compute
+    slow = False
+
+    def spy(self: OnnxRuntime, feeds: dict[str, Any]) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        if slow:
+            time.sleep(0.05)
+        return compute(self, feeds)
+
+    monkeypatch.setattr(OnnxRuntime, "_compute", spy)
+    runtime = await load_package(
+        store, "tiny", "onnx", SETTINGS.model_copy(update={"inline_below_ms": 20.0})
+    )
+    assert threads[0].startswith("model-tiny"), "the warm-up ran inline: nothing was measured"
+    for _ in range(3):
+        await runtime.infer({"x": BATCH})
+    assert threads[-1] == threading.current_thread().name, "a fast model still hops threads"
+    slow = True
+    for _ in range(10):
+        await runtime.infer({"x": BATCH})
+    assert threads[-1].startswith("model-tiny"), "a slow model kept blocking the event loop"
     await runtime.on_unload()
 
 

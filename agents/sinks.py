@@ -1,0 +1,229 @@
+"""Result sinks: what a batch's results and dead letters become on Kafka, and when their offsets
+count as done. Like quixstreams' sinks, a sink is `add` then `flush`: partitions add their ready
+results in offset order, and the worker flushes once per batch (and once per poll, for poison).
+
+`AckedSink` (at-least-once, the default) encodes and produces a flush's records together and
+releases their offsets when Kafka acknowledged every one of them: one release per flush, served on
+the event loop with a single wake-up. `TransactionalSink` (exactly-once) produces inside a Kafka
+transaction and releases at once; its `commit()` sends the consumed positions with the transaction
+(`send_offsets_to_transaction`), so results, replies, dead letters and input offsets become visible
+together or not at all.
+
+Each entry holds one token of its offset in the partition's `OffsetTracker` from `add` until the
+sink releases it, which is how nothing after an undelivered record is ever committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from tidegate.agents.delivery import Publisher
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.offsets import OffsetTracker
+from tidegate.agents.result_builders import error_result
+from tidegate.core.errors import ModelExecutionError, SerializationError
+from tidegate.core.telemetry import get_logger
+
+__all__ = ["AckedSink", "ResultSink", "SinkEntry", "TransactionalSink"]
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class SinkEntry:
+    """One record to produce for `offset`: a result (to the results topic and the request's
+    `reply_to`), or a dead letter (`letter`: its topic and envelope)."""
+
+    tracker: OffsetTracker
+    offset: int
+    key: bytes | None
+    result: dict[str, Any] | None = None
+    task: InferenceTask | None = None
+    letter: tuple[str, Mapping[str, Any]] | None = None
+
+
+class ResultSink(Protocol):
+    def add(self, entry: SinkEntry) -> None:
+        """Take an entry; its offset is not done until the sink says so."""
+
+    def flush(self) -> None:
+        """Produce what was added since the last flush."""
+
+
+class _Produced:
+    """The acknowledgements of one flush: counted on the producer's polling thread, released on
+    the loop once all arrived. A failed one is fatal: its offset must never be committed."""
+
+    __slots__ = ("_armed", "_entries", "_fatal", "_lock", "_loop", "_pending")
+
+    def __init__(
+        self,
+        entries: list[SinkEntry],
+        loop: asyncio.AbstractEventLoop,
+        fatal: Callable[[BaseException], None],
+    ) -> None:
+        self._entries = entries
+        self._loop = loop
+        self._fatal = fatal
+        self._pending = 0
+        self._armed = False
+        # Acknowledgements arrive on the polling thread, possibly before `arm`.
+        self._lock = threading.Lock()
+
+    def arm(self, produced: int) -> None:
+        """All `produced` messages are out: release when the last acknowledgement is in."""
+        with self._lock:
+            self._pending += produced
+            self._armed = True
+            done = self._pending == 0
+        if done:
+            self.release()
+
+    def ack(self, err: KafkaError | None, _msg: Message | None) -> None:
+        if err is not None:
+            self._loop.call_soon_threadsafe(self._fatal, KafkaException(err))
+            return
+        with self._lock:
+            self._pending -= 1
+            done = self._armed and self._pending == 0
+        if done:
+            self._loop.call_soon_threadsafe(self.release)
+
+    def release(self) -> None:
+        for entry in self._entries:
+            entry.tracker.done(entry.offset)
+
+
+def _produce(publisher: Publisher, entry: SinkEntry, worker_id: str, ack: Any) -> int:
+    """Produce one entry; a result too large for Kafka (or not encodable) is answered with the
+    error instead. Returns how many messages went out."""
+    if entry.letter is not None:
+        topic, envelope = entry.letter
+        publisher.dead_letter(topic, envelope, entry.key, ack)
+        return 1
+    assert entry.result is not None  # noqa: S101 - a result entry, built so
+    assert entry.task is not None  # noqa: S101
+    reply_to = entry.task.request.get("reply_to")
+    try:
+        value = publisher.encode_result(entry.result)
+        return publisher.result(value, entry.key, reply_to, ack)
+    except (SerializationError, KafkaException) as exc:
+        failure = ModelExecutionError(f"the result could not be published: {exc}")
+        entry.result = error_result(entry.task, failure, worker_id=worker_id)
+        value = publisher.encode_result(entry.result)
+        return publisher.result(value, entry.key, reply_to, ack)
+
+
+class AckedSink:
+    """At-least-once: offsets are done once Kafka acknowledged their records."""
+
+    def __init__(
+        self, publisher: Publisher, *, worker_id: str, on_fatal: Callable[[BaseException], None]
+    ) -> None:
+        self._publisher = publisher
+        self._worker_id = worker_id
+        self._fatal = on_fatal
+        self._loop = asyncio.get_running_loop()
+        self._entries: list[SinkEntry] = []
+
+    def add(self, entry: SinkEntry) -> None:
+        entry.tracker.expect(entry.offset)
+        self._entries.append(entry)
+
+    def flush(self) -> None:
+        if not self._entries:
+            return
+        entries, self._entries = self._entries, []
+        produced = _Produced(entries, self._loop, self._fatal)
+        publisher, worker_id = self._publisher, self._worker_id
+        produced.arm(sum(_produce(publisher, e, worker_id, produced.ack) for e in entries))
+
+
+class TransactionalSink:
+    """Exactly-once: records go out inside a transaction that also carries the consumed offsets.
+
+    Nothing is produced while a commit runs (librdkafka refuses it); what is added meanwhile waits
+    and opens the next transaction. A failed commit is fatal: the worker stops, and whoever takes
+    the partitions over redoes them from the last committed transaction.
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        worker_id: str,
+        on_fatal: Callable[[BaseException], None],
+        positions: Callable[[], list[TopicPartition]],
+        group_metadata: Callable[[], Any],
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._publisher = publisher
+        self._producer = publisher.producer
+        self._worker_id = worker_id
+        self._fatal = on_fatal
+        self._positions = positions
+        self._group_metadata = group_metadata
+        self._timeout_s = timeout_s
+        self._entries: list[SinkEntry] = []
+        self._open = False
+        self._committing = False
+        self._lock = asyncio.Lock()
+        self.commits = 0
+
+    def add(self, entry: SinkEntry) -> None:
+        entry.tracker.expect(entry.offset)
+        self._entries.append(entry)
+
+    def flush(self) -> None:
+        if self._committing or not self._entries:
+            return
+        entries, self._entries = self._entries, []
+        if not self._open:
+            self._producer.begin_transaction()
+            self._open = True
+        for entry in entries:
+            _produce(self._publisher, entry, self._worker_id, None)
+            entry.tracker.done(entry.offset)
+
+    async def commit(self) -> None:
+        """Commit the open transaction with the positions of everything produced in it."""
+        async with self._lock:
+            if not self._open:
+                return
+            self._committing = True
+            try:
+                offsets = self._positions()
+                await asyncio.to_thread(self._commit, offsets)
+            except KafkaException as exc:
+                self._fatal(exc)
+                raise
+            finally:
+                self._committing = False
+            self._open = False
+            self.commits += 1
+        self.flush()
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        if offsets:
+            self._producer.send_offsets_to_transaction(
+                offsets, self._group_metadata(), self._timeout_s
+            )
+        self._producer.commit_transaction(self._timeout_s)
+
+    async def abort(self) -> None:
+        """Abort the open transaction (a failing worker): none of it ever becomes visible."""
+        async with self._lock:
+            self._entries.clear()
+            if not self._open:
+                return
+            self._open = False
+            try:
+                await asyncio.to_thread(self._producer.abort_transaction, self._timeout_s)
+            except KafkaException as exc:
+                log.warning("aborting the transaction failed (it times out instead): %s", exc)
