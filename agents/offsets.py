@@ -19,6 +19,8 @@ class OffsetTracker:
         self._tokens: dict[int, int] = {}
         self._done_until: int | None = None
         self._committed: int | None = None
+        # Set when the partition is given up: sinks then drop what they still hold for it.
+        self.closed = False
 
     @property
     def in_flight(self) -> int:

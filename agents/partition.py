@@ -58,6 +58,8 @@ class PartitionPipeline:
         self.partition = partition
         self.tracker = OffsetTracker()
         self.closed = False
+        # The first offset consumed: where a rewind starts when no transaction committed yet.
+        self.first_offset: int | None = None
         self._decoder = decoder
         self._sink = sink
         self._topics = topics
@@ -70,6 +72,8 @@ class PartitionPipeline:
         caller can read the message again later."""
         decoded = self._decoder.decode(msg)
         offset = int(msg.offset() or 0)
+        if self.first_offset is None:
+            self.first_offset = offset
         self.tracker.consumed(offset)
         task = decoded.task
         if decoded.poison is not None:
@@ -113,6 +117,7 @@ class PartitionPipeline:
         """Stop; what is not delivered yet is abandoned (and never committed). Its requests may
         still be in a batch: their results are dropped when they come back."""
         self.closed = True
+        self.tracker.closed = True
         self._slots.clear()
 
     def _dead_letter(

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.delivery import Publisher
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.offsets import OffsetTracker
@@ -139,7 +141,8 @@ class AckedSink:
     def flush(self) -> None:
         if not self._entries:
             return
-        entries, self._entries = self._entries, []
+        entries = [e for e in self._entries if not e.tracker.closed]
+        self._entries = []
         produced = _Produced(entries, self._loop, self._fatal)
         publisher, worker_id = self._publisher, self._worker_id
         produced.arm(sum(_produce(publisher, e, worker_id, produced.ack) for e in entries))
@@ -149,8 +152,10 @@ class TransactionalSink:
     """Exactly-once: records go out inside a transaction that also carries the consumed offsets.
 
     Nothing is produced while a commit runs (librdkafka refuses it); what is added meanwhile waits
-    and opens the next transaction. A failed commit is fatal: the worker stops, and whoever takes
-    the partitions over redoes them from the last committed transaction.
+    and opens the next transaction. A commit that fails but can be aborted (a rebalance changed
+    the group's generation, a timeout) aborts the transaction and calls `on_aborted`: the worker
+    rewinds every partition to its last committed position. A fatal error (fenced by a newer
+    instance with the same transactional.id) fails the worker.
     """
 
     def __init__(
@@ -161,7 +166,9 @@ class TransactionalSink:
         on_fatal: Callable[[BaseException], None],
         positions: Callable[[], list[TopicPartition]],
         group_metadata: Callable[[], Any],
-        timeout_s: float = 30.0,
+        on_committed: Callable[[list[TopicPartition]], None],
+        on_aborted: Callable[[], None],
+        timeout_s: float = 5.0,
     ) -> None:
         self._publisher = publisher
         self._producer = publisher.producer
@@ -169,6 +176,8 @@ class TransactionalSink:
         self._fatal = on_fatal
         self._positions = positions
         self._group_metadata = group_metadata
+        self._on_committed = on_committed
+        self._on_aborted = on_aborted
         self._timeout_s = timeout_s
         self._entries: list[SinkEntry] = []
         self._open = False
@@ -183,7 +192,10 @@ class TransactionalSink:
     def flush(self) -> None:
         if self._committing or not self._entries:
             return
-        entries, self._entries = self._entries, []
+        entries = [e for e in self._entries if not e.tracker.closed]
+        self._entries = []
+        if not entries:
+            return
         if not self._open:
             self._producer.begin_transaction()
             self._open = True
@@ -191,23 +203,44 @@ class TransactionalSink:
             _produce(self._publisher, entry, self._worker_id, None)
             entry.tracker.done(entry.offset)
 
-    async def commit(self) -> None:
-        """Commit the open transaction with the positions of everything produced in it."""
+    async def commit(self) -> bool:
+        """Commit the open transaction with the positions of everything produced in it; False
+        when it had to be aborted instead (or nothing was open)."""
         async with self._lock:
             if not self._open:
-                return
+                return False
             self._committing = True
             try:
                 offsets = self._positions()
+                started = time.perf_counter()
                 await asyncio.to_thread(self._commit, offsets)
+                metrics.TRANSACTION_COMMIT.observe(time.perf_counter() - started)
             except KafkaException as exc:
-                self._fatal(exc)
-                raise
+                await self._failed_commit(exc)
+                return False
             finally:
                 self._committing = False
             self._open = False
             self.commits += 1
+            self._on_committed(offsets)
         self.flush()
+        return True
+
+    async def _failed_commit(self, exc: KafkaException) -> None:
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if error is not None and error.fatal():
+            self._fatal(exc)
+            return
+        log.warning("committing the transaction failed, aborting it: %s", exc)
+        self._open = False
+        self._entries.clear()
+        try:
+            await asyncio.to_thread(self._producer.abort_transaction, self._timeout_s)
+        except KafkaException as again:
+            self._fatal(again)
+            return
+        metrics.TRANSACTION_ABORTS.inc()
+        self._on_aborted()
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
         if offsets:
@@ -217,7 +250,8 @@ class TransactionalSink:
         self._producer.commit_transaction(self._timeout_s)
 
     async def abort(self) -> None:
-        """Abort the open transaction (a failing worker): none of it ever becomes visible."""
+        """Abort the open transaction (lost partitions, a failing worker): none of it ever
+        becomes visible."""
         async with self._lock:
             self._entries.clear()
             if not self._open:
@@ -227,3 +261,5 @@ class TransactionalSink:
                 await asyncio.to_thread(self._producer.abort_transaction, self._timeout_s)
             except KafkaException as exc:
                 log.warning("aborting the transaction failed (it times out instead): %s", exc)
+                return
+            metrics.TRANSACTION_ABORTS.inc()

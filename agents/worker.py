@@ -31,6 +31,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.batching import KeyedBatcher
+from tidegate.agents.consumer_cycle import ConsumerCycle
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Publisher
@@ -39,7 +40,7 @@ from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.aio import OwnerThread, cancel_and_wait
 from tidegate.core.errors import RetriableError
-from tidegate.core.kafka import consume_ready, make_consumer, make_producer
+from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
@@ -56,7 +57,6 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "heartbeat.interval.ms": 1_000,
 }
 _FETCH_MAX = 500
-_LAG_EVERY_S = 5.0
 # Committing on every poll cycle sent hundreds of commit requests a second per worker; a commit
 # every 100 ms bounds redelivery after a crash to that much work (at-least-once either way).
 _COMMIT_EVERY_S = 0.1
@@ -91,11 +91,14 @@ class InferenceWorker:
         }
         self._exactly_once = settings.delivery == "exactly-once"
         self._pipelines: dict[int, PartitionPipeline] = {}
-        self._paused = False
         self._in_flight = 0
-        self._lag_at = 0.0
         self._commit_at = 0.0
         self._committed: dict[int, int] = {}
+        self._txn_positions: dict[int, int] = {}
+        # Where the next poll cycle seeks each partition first (decode retries, rewinds); the
+        # epoch counts rewinds, so a batch fetched across one is known to be stale.
+        self._seeks: dict[int, int] = {}
+        self._epoch = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._polling = threading.Event()
         # Set once `stop()` has drained: the revoke that `close()` triggers must not wait again.
@@ -132,6 +135,9 @@ class InferenceWorker:
         self._poller.start()
         extra = {"client.id": client_id, **self._consumer_extra}
         self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
+        self._cycler = ConsumerCycle(
+            self._consumer, poll_timeout_s=self._poll_timeout, group_metadata=self._exactly_once
+        )
         self._consumer.subscribe(
             [self.topics.requests],
             on_assign=self._on_assign,
@@ -167,7 +173,10 @@ class InferenceWorker:
                 worker_id=self.settings.worker_id,
                 on_fatal=self._fail,
                 positions=self._positions,
-                group_metadata=lambda: self._consumer.consumer_group_metadata(),
+                group_metadata=lambda: self._cycler.group_metadata,
+                on_committed=self._transaction_committed,
+                on_aborted=self._rewind,
+                timeout_s=self.settings.transaction_timeout_ms / 2000.0,
             )
         return AckedSink(self._publisher, worker_id=self.settings.worker_id, on_fatal=self._fail)
 
@@ -193,7 +202,7 @@ class InferenceWorker:
             log.warning("stopping with undelivered results; they are redone after a restart")
         commits = [] if self._exactly_once else self._positions()
         await self._end_transaction()
-        await self._thread.call(self._close_consumer, commits)
+        await self._thread.call(self._cycler.close, commits)
         for pipeline in list(self._pipelines.values()):
             pipeline.close()
         self._pipelines.clear()
@@ -240,12 +249,11 @@ class InferenceWorker:
             self._failed.set_exception(exc)
 
     async def _fetch(self) -> None:
-        rewind: list[TopicPartition] = []
         while not self._stopping.is_set():
             in_flight = self._in_flight = sum(p.tracker.in_flight for p in self._pipelines.values())
             metrics.IN_FLIGHT.set(in_flight)
             pause = in_flight >= self.settings.max_in_flight or (
-                self._paused and in_flight > self.settings.max_in_flight // 2
+                self._cycler.paused and in_flight > self.settings.max_in_flight // 2
             )
             room = max(1, min(_FETCH_MAX, self.settings.max_in_flight - in_flight))
             now = time.monotonic()
@@ -253,9 +261,13 @@ class InferenceWorker:
             if not self._exactly_once and now - self._commit_at >= _COMMIT_EVERY_S:
                 self._commit_at = now
                 commits = self._commits()
-            batch = await self._thread.call(self._cycle, commits, pause, rewind, room)
-            rewind = self._ingest(batch)
-            if rewind:
+            seeks, self._seeks = self._seeks, {}
+            rewind = [TopicPartition(self.topics.requests, p, o) for p, o in seeks.items()]
+            epoch = self._epoch
+            batch = await self._thread.call(self._cycler.run, commits, pause, rewind, room)
+            if epoch != self._epoch:
+                self._refetch(batch)  # read before a rewind: read again after it
+            elif self._ingest(batch):
                 await asyncio.sleep(_RETRY_DECODE_S)
 
     async def _transact(self) -> None:
@@ -265,10 +277,32 @@ class InferenceWorker:
             await asyncio.sleep(interval)
             await self._sink.commit()
 
-    def _ingest(self, batch: list[Message]) -> list[TopicPartition]:
-        """Hand messages to their partitions and queue their requests by model; returns where to
-        re-read after a transient error."""
-        rewind: dict[int, TopicPartition] = {}
+    def _rewind(self) -> None:
+        """The open transaction was aborted: every partition starts again from the position its
+        last committed transaction carried; what it had in flight is dropped, results and all."""
+        self._epoch += 1
+        for partition, pipeline in list(self._pipelines.items()):
+            target = self._txn_positions.get(partition, pipeline.first_offset)
+            pipeline.close()
+            self._pipelines[partition] = self._new_pipeline(partition)
+            if target is not None:
+                self._seeks[partition] = target
+        log.warning("transaction aborted: partitions %s rewound", sorted(self._seeks))
+
+    def _refetch(self, batch: list[Message]) -> None:
+        for msg in batch:
+            partition = msg.partition()
+            if partition is not None and partition in self._pipelines and not msg.error():
+                offset = int(msg.offset() or 0)
+                self._seeks[partition] = min(self._seeks.get(partition, offset), offset)
+
+    def _transaction_committed(self, offsets: list[TopicPartition]) -> None:
+        self._txn_positions.update((tp.partition, tp.offset) for tp in offsets)
+
+    def _ingest(self, batch: list[Message]) -> bool:
+        """Hand messages to their partitions and queue their requests by model; True when a
+        transient error means a partition must be read again from a message on."""
+        rewind = self._seeks
         submit = self._batcher.submit
         for msg in batch:
             err = msg.error()
@@ -287,14 +321,12 @@ class InferenceWorker:
                 log.warning(
                     "cannot decode %s[%s]@%s yet: %s", msg.topic(), partition, msg.offset(), exc
                 )
-                rewind[partition] = TopicPartition(
-                    self.topics.requests, partition, msg.offset() or 0
-                )
+                rewind[partition] = int(msg.offset() or 0)
                 continue
             if slot is not None:
                 submit(slot.task.model, slot)
         self._sink.flush()  # the poison pills' dead letters
-        return list(rewind.values())
+        return bool(rewind)
 
     async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
         return await self.service.process([slot.task for slot in slots], waits)
@@ -343,15 +375,13 @@ class InferenceWorker:
 
     async def _revoked(self, partitions: list[int], drain: bool) -> list[TopicPartition]:
         pipelines = [self._pipelines[p] for p in partitions if p in self._pipelines]
-        if drain and not self._drained:
+        if self._exactly_once:
+            await self._revoked_in_transaction()
+        elif drain and not self._drained:
             await asyncio.gather(*(p.drain(self._drain_timeout) for p in pipelines))
-        if not drain and self._exactly_once:
-            # The group moved on without us: the open transaction may hold results of the lost
-            # partitions, which their next owner redoes. It must never commit.
-            self._fail(RuntimeError(f"partitions {sorted(partitions)} were lost"))
-            await self._end_transaction()
-        elif drain and self._exactly_once and not self._drained:
-            await self._end_transaction()
+        pipelines = [self._pipelines[p] for p in partitions if p in self._pipelines]
+        for partition in partitions:
+            self._seeks.pop(partition, None)
         commits = []
         for pipeline in pipelines:
             position = pipeline.tracker.position if drain else None
@@ -365,50 +395,27 @@ class InferenceWorker:
         log.info("%s partitions %s", "revoked" if drain else "lost", sorted(partitions))
         return commits
 
-    # -- consumer thread side ---------------------------------------------------------------
-
-    def _cycle(
-        self, commits: list[TopicPartition], pause: bool, rewind: list[TopicPartition], room: int
-    ) -> list[Message]:
-        consumer = self._consumer
-        for position in rewind:
-            try:
-                consumer.seek(position)
-            except KafkaException as exc:
-                log.warning("cannot seek back to %s: %s", position, exc)
-        if commits:
-            try:
-                consumer.commit(offsets=commits, asynchronous=True)
-            except KafkaException as exc:
-                log.warning("commit failed, the next one covers it: %s", exc)
-        if pause or self._paused:
-            assignment = consumer.assignment()
-            if pause and assignment:
-                consumer.pause(assignment)
-            elif not pause and assignment:
-                consumer.resume(assignment)
-            self._paused = pause
-        now = time.monotonic()
-        if now - self._lag_at >= _LAG_EVERY_S:
-            self._lag_at = now
-            self._refresh_lag(consumer)
-        return consume_ready(consumer, room, self._poll_timeout)
-
-    def _refresh_lag(self, consumer: Consumer) -> None:
-        try:
-            positions = consumer.position(consumer.assignment())
-        except KafkaException:
+    async def _revoked_in_transaction(self) -> None:
+        """Exactly-once: a rebalance aborts the open transaction, which may hold results of
+        partitions that go, and every partition rewinds to its last committed position. A
+        commit here would have to reach the group coordinator in the middle of the rebalance;
+        the abort costs at most one transaction interval of work, redone."""
+        sink = self._sink
+        assert isinstance(sink, TransactionalSink)  # noqa: S101 - exactly-once only
+        if self._failed.done() or self._drained:
             return
-        for tp in positions:
-            _, high = consumer.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high >= 0:
-                metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(high - tp.offset)
+        await sink.abort()
+        self._rewind()
+
+    # -- consumer thread side (rebalance callbacks) ---------------------------------------
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._cycler.stale_metadata()
         parts = [tp.partition for tp in partitions]
         asyncio.run_coroutine_threadsafe(self._assigned(parts), self._loop).result()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._cycler.stale_metadata()
         parts = [tp.partition for tp in partitions]
         future = asyncio.run_coroutine_threadsafe(self._revoked(parts, True), self._loop)
         commits = future.result(timeout=self._drain_timeout + 30)
@@ -419,13 +426,6 @@ class InferenceWorker:
                 log.warning("commit on revoke failed; the next owner redoes from the last: %s", exc)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._cycler.stale_metadata()
         parts = [tp.partition for tp in partitions]
         asyncio.run_coroutine_threadsafe(self._revoked(parts, False), self._loop).result()
-
-    def _close_consumer(self, commits: list[TopicPartition]) -> None:
-        if commits:
-            try:
-                self._consumer.commit(offsets=commits, asynchronous=False)
-            except KafkaException as exc:
-                log.warning("final commit failed: %s", exc)
-        self._consumer.close()

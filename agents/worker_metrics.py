@@ -24,6 +24,8 @@ __all__ = [
     "SHADOW_COMPARED",
     "SHADOW_SKIPPED",
     "SUB_BATCH_SIZE",
+    "TRANSACTION_ABORTS",
+    "TRANSACTION_COMMIT",
     "PrometheusBatchObserver",
     "compute",
     "end_to_end",
@@ -103,6 +105,16 @@ SHADOW_SKIPPED = Counter(
     "shadow_max_in_flight runs were already going, `cold` when the candidate is not loaded here, "
     "`queue-full` when the producer's queue had no room for the comparison.",
     ["model", "candidate", "reason"],
+)
+TRANSACTION_COMMIT = Histogram(
+    "tidegate_worker_transaction_commit_seconds",
+    "Exactly-once: how long committing one transaction (offsets and results) took.",
+    buckets=_FAST,
+)
+TRANSACTION_ABORTS = Counter(
+    "tidegate_worker_transaction_aborts",
+    "Exactly-once: transactions aborted (a failed commit, lost partitions); their partitions "
+    "were rewound and redone.",
 )
 DEAD_LETTERS = Counter(
     "tidegate_worker_dead_letters",

@@ -50,6 +50,13 @@ class WorkerSettings(BaseSettings):
         description="Exactly-once: this process's transactional.id (default: group id and worker "
         "id). A restart with the same id fences and aborts the previous one at once.",
     )
+    processes: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Worker processes `tidegate worker` runs on this host, all in the one group "
+        "(default: one per core).",
+    )
     metrics_port: int = Field(
         9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: none)."
     )

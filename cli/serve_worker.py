@@ -62,7 +62,8 @@ def worker(
         int | None,
         typer.Option(
             min=1,
-            help="Worker processes on this host, all in the one group (default: one per core). "
+            help="Worker processes on this host, all in the one group (default: "
+            "$TIDEGATE_WORKER_PROCESSES, else one per core). "
             "With more than 1, a supervisor runs them, forwards SIGTERM and SIGINT to them and "
             "restarts one that exits (after 1 s, doubling to 30 s).",
         ),
@@ -87,7 +88,7 @@ def worker(
         )
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None
-    count = processes or default_processes()
+    count = processes or settings.processes or default_processes()
     if settings.metrics_port and settings.metrics_port + count - 1 > 65535:
         raise typer.BadParameter(f"{count} metrics ports from {settings.metrics_port} pass 65535")
     configure_logging()

@@ -237,7 +237,7 @@ def start_worker(stack: Stack, models: ModelSettings, **env: str) -> subprocess.
     code = "import typer; from tidegate.cli.serve_worker import worker; typer.run(worker)"
     log = (models.store_dir.parent / f"{unique('worker')}.log").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, "--processes", "1"],
         env=stack.env(models, **env),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
