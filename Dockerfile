@@ -1,5 +1,6 @@
-# The tidegate image: every service of docker-compose.yml (registry, gateway, worker, init) runs
-# one `tidegate` command from it. The local stack without Docker is infra/stack.sh.
+# The tidegate image: every tidegate service of docker-compose.yml (init, schemas, registry, gateway,
+# worker, controller) and of deploy/k8s runs one `tidegate` command from it. The local stack without
+# Docker is infra/stack.sh.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -10,10 +11,23 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # The whole checkout (less .dockerignore): the packages, plus infra/migrations for the init service.
 COPY . .
+# - A non-editable install: infra/image-migrations.sh puts the migrations where the installed
+#   package looks for them (tidegate.core.db.MIGRATIONS_DIR, inside site-packages) and checks it.
+# - uid and gid 10001, as deploy/k8s's securityContext says.
+# - /app/var (the model store, var/models, and packages, var/packages) exists and belongs to that
+#   user, so the named volume docker-compose.yml mounts there starts out owned by it, not by root.
 RUN pip install . \
-    && useradd --system --uid 10001 --home-dir /app tidegate
+    && sh infra/image-migrations.sh \
+    && groupadd --system --gid 10001 tidegate \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \
+       --shell /usr/sbin/nologin tidegate \
+    && mkdir -p /app/var/models /app/var/packages \
+    && chown -R 10001:10001 /app/var
+
+# gateway (V2 HTTP, /metrics), registry, worker and controller /metrics.
+EXPOSE 8080 8081 9100
 
 # Nothing here needs root.
-USER tidegate
+USER 10001:10001
 ENTRYPOINT ["tidegate"]
 CMD ["--help"]

@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/system ## Install system packages, the venv and the Kafka jars.
+setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/system $(STAMP)/deploy-tools ## Install system packages, the venv, the Kafka jars and the deployment checkers.
 
 $(STAMP)/system: infra/install-system.sh
 	@mkdir -p $(STAMP)
@@ -27,6 +27,12 @@ $(STAMP)/venv: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev]"
+	@touch $@
+
+# kubeconform and the Kubernetes, KEDA and Compose schemas the tests in tests/unit/deploy validate with.
+$(STAMP)/deploy-tools: infra/deploy-tools.sh infra/deploy_schemas.py $(STAMP)/venv
+	@mkdir -p $(STAMP)
+	bash infra/deploy-tools.sh
 	@touch $@
 
 $(STAMP)/kafka: infra/kafka/pom.xml

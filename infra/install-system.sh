@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the local stack needs (run once by `make setup`).
+# Installs the Debian packages the local stack and the tests need (run once by `make setup`).
 #
 # Idempotent and quick when everything is present: `apt-get update` runs only when a package must be
 # installed. Java 17+ and Maven are checked, not installed: `make setup` needs Maven before this runs.
@@ -27,9 +27,11 @@ command -v pg_isready >/dev/null || missing+=(postgresql-client-15)
 # redis-server depends on redis-tools, which brings redis-cli.
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
+# promtool runs the alert rules' unit tests (tests/unit/deploy); the server itself is not used.
+command -v promtool >/dev/null || missing+=(prometheus)
 
 if ((${#missing[@]} == 0)); then
-  echo "install-system: all system packages present (java $java_version, mvn, postgresql, redis)"
+  echo "install-system: all system packages present (java $java_version, mvn, postgresql, redis, promtool)"
   exit 0
 fi
 
@@ -53,5 +55,6 @@ apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
 
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || die "postgres binaries still missing"
 command -v redis-server >/dev/null || die "redis-server still missing"
+command -v promtool >/dev/null || die "promtool still missing (Debian package prometheus)"
 id postgres >/dev/null 2>&1 || die "the postgres OS user is missing (postgresql-common creates it)"
 echo "install-system: done"
