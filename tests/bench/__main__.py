@@ -2,14 +2,14 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`, `versus`) runs one part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`) runs one part.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tests.bench import codec, faust_vs_confluent, lifecycle, pipeline, versus
+from tests.bench import codec, faust_vs_confluent, lifecycle, pipeline, profile, versus
 
 PARTS = {
     "codec": codec.run,
@@ -17,6 +17,7 @@ PARTS = {
     "pipeline": pipeline.run,
     "lifecycle": lifecycle.run,
     "versus": versus.run,
+    "profile": profile.run,
 }
 
 

@@ -41,7 +41,7 @@ from tidegate.gateway.gateway_settings import GatewaySettings
 
 __all__ = ["run"]
 
-RATES = [250, 500, 750, 1000, 1500, 2000, 3000, 4000]
+RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
 RUN_DIR = Path("var/bench")
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -105,48 +105,68 @@ def json_attempt(load: KafkaLoad, label: str, rate: float) -> LoadResult:
     return load.run(label, record, rate=rate, count=max(1, int(rate * STEP_S)))
 
 
-def measure_tidegate() -> dict[str, Sweep]:
-    stop_recorded(RUN_DIR)
-    gw = GatewaySettings()
-    base = f"http://{gw.host}:{gw.port}"
+@contextmanager
+def tidegate_workers(env: dict[str, str] | None = None) -> Iterator[list[int]]:
+    """2 `tidegate worker` processes in the group, settled; yields their pids."""
     ports = (free_port(), free_port())
     children = [
         spawn(
             f"worker-{k}",
             ["worker", "--processes", "1", "--worker-id", f"bench-w{k}", "--metrics-port", str(p)],
             RUN_DIR,
+            env,
         )
         for k, p in enumerate(ports, start=1)
     ]
-    children.append(spawn("gateway", ["gateway", "--no-admin"], RUN_DIR))
     try:
-        for child, port in zip(children[:2], ports, strict=True):
+        for child, port in zip(children, ports, strict=True):
             wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
-        wait_http(f"{base}/v2/health/ready", children[2], 120)
         wait_group_settled(WorkerSettings().group_id, members=2)
-        workers = [c.process.pid for c in children[:2]]
-        gateway = [children[2].process.pid]
-        load = KafkaLoad()
-        load.start(lambda i: fraud_record(i, unique("warm")))
-        with load:
-            kafka = sweep(
-                "tidegate kafka",
-                functools.partial(kafka_attempt, load, "fraud", unique("v")),
-                {"workers": lambda: cpu_seconds(workers)},
-            )
-        url = f"{base}/v2/models/fraud/infer"
-        http = sweep(
-            "tidegate http",
-            functools.partial(http_attempt, "tidegate http", url, fraud_body),
-            {
-                "all": lambda: cpu_seconds(workers + gateway),
-                "gateway": lambda: cpu_seconds(gateway),
-            },
-        )
+        yield [c.process.pid for c in children]
     finally:
         for child in children:
             child.stop()
+
+
+def kafka_sweep(label: str, workers: list[int]) -> Sweep:
+    load = KafkaLoad()
+    load.start(lambda i: fraud_record(i, unique("warm")))
+    with load:
+        return sweep(
+            label,
+            functools.partial(kafka_attempt, load, "fraud", unique("v")),
+            {"workers": lambda: cpu_seconds(workers)},
+        )
+
+
+def measure_tidegate() -> dict[str, Sweep]:
+    stop_recorded(RUN_DIR)
+    gw = GatewaySettings()
+    base = f"http://{gw.host}:{gw.port}"
+    with tidegate_workers() as workers:
+        kafka = kafka_sweep("tidegate kafka", workers)
+        gateway_child = spawn("gateway", ["gateway", "--no-admin"], RUN_DIR)
+        try:
+            wait_http(f"{base}/v2/health/ready", gateway_child, 120)
+            gateway = [gateway_child.process.pid]
+            url = f"{base}/v2/models/fraud/infer"
+            http = sweep(
+                "tidegate http",
+                functools.partial(http_attempt, "tidegate http", url, fraud_body),
+                {
+                    "all": lambda: cpu_seconds(workers + gateway),
+                    "gateway": lambda: cpu_seconds(gateway),
+                },
+            )
+        finally:
+            gateway_child.stop()
     return {"tidegate kafka": kafka, "tidegate http": http}
+
+
+def measure_tidegate_exactly_once() -> dict[str, Sweep]:
+    stop_recorded(RUN_DIR)
+    with tidegate_workers({"TIDEGATE_WORKER_DELIVERY": "exactly-once"}) as workers:
+        return {"tidegate kafka eos": kafka_sweep("tidegate kafka eos", workers)}
 
 
 @contextmanager
@@ -178,6 +198,7 @@ def measure_mlserver() -> dict[str, Sweep]:
 
 CONTENDERS: list[tuple[str, Callable[[], dict[str, Sweep]]]] = [
     ("tidegate", measure_tidegate),
+    ("tidegate exactly-once", measure_tidegate_exactly_once),
     ("naive", functools.partial(measure_json, "naive", run_peers.start_naive)),
     ("quix", functools.partial(measure_json, "quix", run_peers.start_quix)),
     ("mlserver", measure_mlserver),
@@ -220,7 +241,7 @@ def run() -> None:
             "  round sustained: " + ", ".join(f"{n} {s.sustained:,.0f}/s" for n, s in found.items())
         )
 
-    names = ["tidegate kafka", "naive", "quix", "tidegate http", "mlserver"]
+    names = ["tidegate kafka", "tidegate kafka eos", "naive", "quix", "tidegate http", "mlserver"]
     top = {name: best(rounds, name) for name in names}
     print("\nversus: best round of each (sustained at p99 <= 100 ms, nothing lost)")
     for name in names:
@@ -237,6 +258,11 @@ def run() -> None:
     for label, value, bar in (
         ("tidegate Kafka / naive loop", ratio(t["tidegate kafka"], t["naive"]), ">= 1.0"),
         ("tidegate Kafka / quixstreams", ratio(t["tidegate kafka"], t["quix"]), ">= 1.5"),
+        (
+            "exactly-once / at-least-once",
+            ratio(t["tidegate kafka eos"], t["tidegate kafka"]),
+            ">= 0.5",
+        ),
         ("tidegate HTTP / MLServer", ratio(t["tidegate http"], t["mlserver"]), ">= 1.0"),
     ):
         print(f"  {label:<30} = {value:5.2f}  bar {bar}")
