@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -260,7 +261,20 @@ def test_a_restarted_worker_loses_nothing_and_sigterm_commits(
         )
         assert 'tidegate_worker_requests_total{model="tiny",status="OK",version="1"} 100.0' in body
         assert "tidegate_worker_batch_size_bucket" in body
-        assert "tidegate_worker_consumer_lag" in body
+        # A sample per held partition, not the metric's HELP line: the gauge is refreshed
+        # every few seconds from the consumer's positions.
+        lag = re.compile(
+            rf'tidegate_worker_consumer_lag{{partition="\d",topic="{stack.topics.requests}"}} 0.0'
+        )
+        wait_for(
+            lambda: len(
+                lag.findall(
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+                )
+            )
+            == 4,
+            what="a lag sample of 0 for each of the 4 partitions",
+        )
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0
     finally:
