@@ -80,3 +80,11 @@ class LifecycleSettings(BaseSettings):
     lineage_prune_every_s: float = Field(
         600.0, gt=0, description="How often the controller deletes expired lineage rows."
     )
+    workers_group_id: str = Field(
+        "tidegate-workers",
+        description="The workers' consumer group (TIDEGATE_WORKER_GROUP_ID): the controller "
+        "exports its lag for every partition of the requests topic, held or not.",
+    )
+    group_lag_every_s: float = Field(
+        15.0, gt=0, le=3600, description="How often the controller reads the workers' lag."
+    )

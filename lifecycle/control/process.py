@@ -1,5 +1,6 @@
-"""The `tidegate controller` process: outbox relay, lineage indexer, canary controller and the
-pruning of expired lineage rows (`tidegate.lifecycle.control.retention`).
+"""The `tidegate controller` process: outbox relay, lineage indexer, canary controller, the
+pruning of expired lineage rows (`tidegate.lifecycle.control.retention`) and the workers' lag on
+every partition (`tidegate.lifecycle.control.group_lag`).
 
 Exactly one instance acts per database schema. Each instance holds a dedicated connection and
 tries `pg_try_advisory_lock` on it; the holder runs the components, the others wait and
@@ -35,6 +36,7 @@ from tidegate.core.settings import (
     TopicSettings,
 )
 from tidegate.lifecycle.control.canary import CanaryController
+from tidegate.lifecycle.control.group_lag import GroupLag
 from tidegate.lifecycle.control.indexer import DEFAULT_GROUP_ID, Indexer, seed_windows
 from tidegate.lifecycle.control.retention import lineage_pruner
 from tidegate.lifecycle.domain.windows import LiveWindows
@@ -171,6 +173,14 @@ class ControllerService:
             if pruner is not None:
                 pruner.start()
                 started.append(pruner)
+            lag = GroupLag(
+                cfg.kafka,
+                cfg.lifecycle.workers_group_id,
+                cfg.topics.requests,
+                every_s=cfg.lifecycle.group_lag_every_s,
+            )
+            lag.start()
+            started.append(lag)
             self.active.set()
             _ACTIVE.set(1)
             await self._hold(lock, stop, indexer)
