@@ -1,12 +1,10 @@
-"""`tidegate gateway`: serve the V2 HTTP facade (one replica per process)."""
+"""`tidegate gateway`: serve the V2 HTTP facade (one replica per process, `--workers` of them)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-
-from tidegate.core.telemetry import configure_logging
 
 __all__ = ["gateway"]
 
@@ -19,34 +17,26 @@ def gateway(
     port: Annotated[
         int | None, typer.Option(help="Port to listen on (else $TIDEGATE_GATEWAY_PORT, or 8080).")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Gateway processes on the port, each leasing its own reply partition (else "
+            "$TIDEGATE_GATEWAY_WORKERS, or 1).",
+        ),
+    ] = None,
     admin: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--admin/--no-admin",
-            help="Serve the lifecycle operations under /admin (needs PostgreSQL).",
+            help="Serve the lifecycle operations under /admin, which needs PostgreSQL (else "
+            "$TIDEGATE_GATEWAY_ADMIN, or on).",
         ),
-    ] = True,
+    ] = None,
 ) -> None:
     """Serve the Open Inference Protocol (V2) over Kafka until SIGTERM or Ctrl-C."""
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
-    import uvicorn
+    from tidegate.gateway.serving import serve
 
-    from tidegate.gateway.admin import lifecycle_admin
-    from tidegate.gateway.app import create_app
-    from tidegate.gateway.backends import GatewayConfig
-    from tidegate.gateway.gateway_settings import GatewaySettings
-
-    configure_logging()
-    overrides: dict[str, Any] = {
-        name: value for name, value in (("host", host), ("port", port)) if value is not None
-    }
-    config = GatewayConfig(gateway=GatewaySettings(**overrides))
-    # uvicorn turns SIGTERM and SIGINT into a graceful shutdown: the lifespan exit releases the
-    # reply lease, stops the reply consumer and flushes the producer.
-    uvicorn.run(
-        create_app(config, admin=lifecycle_admin if admin else None),
-        host=config.gateway.host,
-        port=config.gateway.port,
-        log_config=None,
-        lifespan="on",
-    )
+    given = {"host": host, "port": port, "workers": workers, "admin": admin}
+    serve({name: value for name, value in given.items() if value is not None})

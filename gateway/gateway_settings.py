@@ -17,7 +17,24 @@ class GatewaySettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
-    replica_id: str = Field(default_factory=instance_id, description="This replica's name.")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Gateway processes serving the port, each a replica with its own reply "
+        "partition (so at most the replies topic's partition count).",
+    )
+    admin: bool = Field(
+        True, description="Serve the lifecycle operations under /admin (needs PostgreSQL)."
+    )
+    access_log: bool = Field(
+        False, description="Log one line per HTTP request (uvicorn's access log) at INFO."
+    )
+    replica_id: str = Field(
+        default_factory=instance_id,
+        description="This replica's name (host and process id by default). With several "
+        "workers, each process appends its own process id to a name given here.",
+    )
     default_timeout_s: float = Field(
         10.0, gt=0, description="How long a synchronous call waits for its result by default."
     )
@@ -29,6 +46,19 @@ class GatewaySettings(BaseSettings):
         4096, ge=1, description="Requests awaiting results before new ones are shed with 503."
     )
     result_ttl_s: int = Field(3600, ge=1, description="How long results are kept in Redis.")
+    max_kept_results: int = Field(
+        100_000,
+        ge=1,
+        description="Requests whose results this replica remembers to store in Redis when they "
+        "come (asynchronous calls, and synchronous ones answered 504), for `result_ttl_s` at "
+        "most. Past it the oldest are forgotten: their results are then stored only if Redis "
+        "still holds their request, at the cost of one more check.",
+    )
     reply_lease_s: int = Field(
         15, ge=2, description="Lease on this replica's reply partition, renewed at a third of it."
+    )
+    shutdown_timeout_s: int = Field(
+        10,
+        ge=1,
+        description="On SIGTERM, how long open connections may finish before they are closed.",
     )

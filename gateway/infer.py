@@ -1,63 +1,78 @@
-"""One inference call: read, check, publish, then wait (synchronous) or hand out a ticket
-(asynchronous, `Prefer: respond-async`).
+"""The gateway's data plane: one inference call, from plain values to an `Outcome`.
 
-How long a synchronous call waits is the `Request-Timeout` header, in seconds, else
-`GatewaySettings.default_timeout_s`, and never more than `max_timeout_s`. The request itself is
-published without a deadline, so it is still computed when the caller stops waiting and its
-result can be fetched at `/v2/requests/{id}`. Triton's request parameter `timeout`
-(microseconds, as tritonclient's `timeout=` sends it) is the server-side deadline: it becomes the
-request's `deadline`, past which the worker answers DEADLINE_EXCEEDED instead of computing.
+`Inference` takes what the HTTP edge (`tidegate.gateway.v2_http`) read from a request, an
+`InferCall` of plain values, and answers an `Outcome` the edge renders; it never sees a header or
+a response. It checks the call (`tidegate.gateway.call_record`), publishes it and waits for the
+reply (synchronous), or hands out a ticket (asynchronous, `Prefer: respond-async`).
+
+A synchronous call registers for its reply, enqueues the request and then waits for the reply and
+for Kafka's acknowledgement together: the reply ends the call whenever it comes (it may even beat
+the ack), a failed publish ends it with `PublishError`, and the deadline ends it with a 504 only
+once Kafka has the request, because a 504 promises a result that still comes and can be fetched
+at `/v2/requests/{id}`. Redis is written only then: the marker now, the late result when it comes.
+An asynchronous call is marked in Redis before it is published, so a fetch right after its 202
+finds it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import re
-import time
-import uuid
-from datetime import timedelta
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
-
-from tidegate.clients.producer import PublishError
-from tidegate.core.errors import (
-    InvalidInputError,
-    ModelUnavailableError,
-    ResultTimeoutError,
-    TidegateError,
-)
-from tidegate.gateway import http_metrics as metrics
+from tidegate.core.errors import ResultTimeoutError, TidegateError
+from tidegate.gateway import call_record
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.backends import GatewayServices
-from tidegate.gateway.body import read_body
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.http_errors import RequestNotFoundError
-from tidegate.gateway.problems import error_problem
+from tidegate.gateway.http_errors import RequestNotFoundError, StoreUnavailableError
+from tidegate.gateway.publisher import Ack
 from tidegate.gateway.replies import ReplyRouter
-from tidegate.gateway.responses import OutputPrefs, render_result
-from tidegate.schemas.requests import build_request
-from tidegate.schemas.v2 import V2Request, input_records, parse_request, scalar_parameters
-from tidegate.schemas.v2_binary import HEADER_LENGTH, split_body
+from tidegate.gateway.responses import OutputPrefs
+from tidegate.schemas.v2 import input_records, parse_request
+from tidegate.schemas.v2_binary import split_body
 
-__all__ = ["REQUEST_TIMEOUT", "Inference", "location", "prefers_async"]
+__all__ = ["UNKNOWN_MODEL", "InferCall", "Inference", "Outcome", "Stored"]
 
-REQUEST_TIMEOUT = "Request-Timeout"
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# The metric label of calls for no model this gateway serves: made-up names never become series.
+UNKNOWN_MODEL = "_unknown"
 
-
-def location(request_id: str) -> str:
-    return f"/v2/requests/{request_id}"
+Reply = asyncio.Future[dict[str, Any]]
 
 
-def prefers_async(request: Request) -> bool:
-    """RFC 7240: `Prefer: respond-async`, possibly among other preferences."""
-    prefs = ",".join(request.headers.getlist("prefer"))
-    return any(
-        p.split(";")[0].split("=")[0].strip().lower() == "respond-async" for p in prefs.split(",")
-    )
+@dataclass(frozen=True, slots=True)
+class InferCall:
+    """One inference call as the edge read it: the path's model and version, the body, and the
+    raw values of `Inference-Header-Content-Length` and `Request-Timeout`."""
+
+    model: str
+    version: str | None
+    body: bytes
+    header_length: str | None = None
+    timeout: str | None = None
+    respond_async: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a call ended: a result (synchronous), accepted (asynchronous), or an error. `model` and
+    `version` are metric labels: a served model and its version, else `UNKNOWN_MODEL` and ''."""
+
+    request_id: str | None
+    model: str = UNKNOWN_MODEL
+    version: str = ""
+    result: dict[str, Any] | None = None
+    prefs: OutputPrefs = field(default_factory=OutputPrefs)
+    accepted: bool = False
+    error: TidegateError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A request fetched by id: its result, or None while it is pending."""
+
+    result: dict[str, Any] | None
+    prefs: OutputPrefs
 
 
 class Inference:
@@ -73,127 +88,50 @@ class Inference:
         self._router = router
         self._admission = admission
 
-    def _request_id(self, given: str | None) -> str:
-        if given is None or given == "":
-            return uuid.uuid4().hex
-        if not _REQUEST_ID.match(given):
-            raise InvalidInputError(
-                "id must be 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter "
-                "or digit",
-                "id",
-            )
-        if self._router.is_waiting(given):
-            raise InvalidInputError(f"a request with id {given!r} is already in flight", "id")
-        return given
+    @property
+    def max_body_bytes(self) -> int:
+        return self._settings.max_body_bytes
 
-    def _wait_s(self, request: Request) -> float:
-        raw = request.headers.get(REQUEST_TIMEOUT)
-        if raw is None:
-            return min(self._settings.default_timeout_s, self._settings.max_timeout_s)
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidInputError(
-                f"{REQUEST_TIMEOUT} must be a positive number of seconds", REQUEST_TIMEOUT
-            )
-        return min(value, self._settings.max_timeout_s)
+    def shed(self) -> None:
+        """Refuse at once, before a body is read, when no call could be admitted."""
+        self._admission.check()
 
-    def _record(
-        self,
-        model: str,
-        version: str | None,
-        v2: V2Request,
-        inputs: list[dict[str, Any]],
-        request_id: str,
-    ) -> dict[str, Any]:
-        params = scalar_parameters(v2.parameters, "parameters")
-        for name in ("routing_key", "tenant"):
-            if params.get(name) is not None and not isinstance(params[name], str):
-                raise InvalidInputError(
-                    f"parameter {name!r} must be a string", f"parameters.{name}"
-                )
-        timeout_us = params.get("timeout")
-        if timeout_us is not None and (
-            isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0
-        ):
-            raise InvalidInputError(
-                "parameter 'timeout' must be a positive number of microseconds",
-                "parameters.timeout",
-            )
-        reply_to = self._services.feed.reply_to()
-        if reply_to is None:
-            raise ModelUnavailableError("this gateway replica holds no reply partition yet")
-        return build_request(
-            model,
-            inputs,
-            version=version,
-            routing_key=str(params.pop("routing_key")) if params.get("routing_key") else None,
-            tenant=str(params.pop("tenant", None) or "default"),
-            deadline=timedelta(microseconds=timeout_us) if timeout_us else None,
-            request_id=request_id,
-            outputs=[o.name for o in v2.outputs or []],
-            parameters=params,
-            reply_to=reply_to,
-        )
-
-    async def infer(self, request: Request, model: str, version: str | None) -> Response:
-        started = time.perf_counter()
+    async def infer(self, call: InferCall) -> Outcome:
         request_id: str | None = None
-        known_model, served = "_unknown", version or ""
-        headers: dict[str, str] = {}
+        model, version = UNKNOWN_MODEL, ""
         try:
-            self._admission.check()
-            body = await read_body(request, self._settings.max_body_bytes)
-            header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+            header, binary = split_body(call.body, call.header_length)
             v2 = parse_request(header)
-            request_id = self._request_id(v2.id)
-            signature = await self._services.catalog.signature(model, version)
-            known_model = model
+            request_id = call_record.request_id(v2.id, self._router.is_waiting)
+            signature = await self._services.catalog.signature(call.model, call.version)
+            model, version = call.model, call.version or ""
             inputs = input_records(v2, binary, signature)
-            wait_s = self._wait_s(request)
-            record = self._record(model, version, v2, inputs, request_id)
-            meta = {"model": model, "prefs": OutputPrefs.from_request(v2).to_meta()}
-            headers["Location"] = location(request_id)
-            if prefers_async(request):
-                response = await self._submit(record, meta, wait_s)
-            else:
-                result = await self._call(record, meta, wait_s)
-                served = str(result.get("model_version") or served)
-                prefs = OutputPrefs.from_request(v2)
-                response = render_result(result, prefs, instance=location(request_id))
+            wait_s = call_record.wait_s(call.timeout, self._settings)
+            reply_to = self._services.feed.reply_to()
+            record = call_record.new_record(model, call.version, v2, inputs, request_id, reply_to)
+            prefs = OutputPrefs.from_request(v2)
+            if call.respond_async:
+                await self._submit(record, prefs, wait_s)
+                return Outcome(request_id, model, version, prefs=prefs, accepted=True)
+            result = await self._call(record, prefs, wait_s)
+            served = str(result.get("model_version") or version)
+            return Outcome(request_id, model, served, result=result, prefs=prefs)
         except TidegateError as exc:
-            instance = location(request_id) if request_id else request.url.path
-            timed_out = isinstance(exc, ResultTimeoutError)
-            response = error_problem(
-                exc,
-                instance=instance,
-                request_id=request_id,
-                headers=headers if timed_out else None,
-            )
-        metrics.REQUESTS.labels(known_model, served, str(response.status_code)).inc()
-        if response.status_code != 202:
-            metrics.LATENCY.labels(known_model).observe(time.perf_counter() - started)
-        return response
+            return Outcome(request_id, model, version, error=exc)
 
-    async def _publish(self, record: dict[str, Any], meta: dict[str, Any]) -> None:
-        request_id = str(record["request_id"])
-        await self._services.store.save(request_id, meta=meta)
-        try:
-            await self._services.publisher.publish(record)
-        except PublishError:
-            await self._services.store.discard(request_id)
-            raise
-
-    async def _submit(
-        self, record: dict[str, Any], meta: dict[str, Any], wait_s: float
-    ) -> Response:
+    async def _submit(self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float) -> None:
         request_id = str(record["request_id"])
         self._admission.admit(request_id, ttl_s=self._settings.max_timeout_s)
         try:
             async with asyncio.timeout(wait_s):
-                await self._publish(record, meta)
+                await self._services.store.save(request_id, meta=_meta(record, prefs))
+                self._router.keep(request_id)
+                try:
+                    await self._services.publisher.submit(record)
+                except TidegateError:
+                    self._router.drop(request_id)
+                    await self._services.store.discard(request_id)
+                    raise
         except TimeoutError:
             raise ResultTimeoutError(
                 f"Kafka did not acknowledge {request_id} within {wait_s}s"
@@ -201,52 +139,91 @@ class Inference:
         except BaseException:
             self._admission.release(request_id)
             raise
-        return JSONResponse(
-            {"id": request_id, "model_name": record["model"], "status": "PENDING"},
-            status_code=202,
-            headers={"Location": location(request_id), "Preference-Applied": "respond-async"},
-        )
 
     async def _call(
-        self, record: dict[str, Any], meta: dict[str, Any], wait_s: float
+        self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float
     ) -> dict[str, Any]:
         request_id = str(record["request_id"])
         self._admission.admit(request_id)
-        future = self._router.expect(request_id)
-        started = time.perf_counter()
+        reply = self._router.expect(request_id)
         try:
-            # Publishing is never cut short by the caller's timeout: a 504 promises a request that
-            # still completes and can be fetched later, so it must have reached Kafka.
-            await self._publish(record, meta)
-            async with asyncio.timeout(max(0.0, wait_s - (time.perf_counter() - started))):
-                return await future
-        except TimeoutError:
-            raise ResultTimeoutError(
-                f"no result for {request_id} within {wait_s}s; it stays retrievable at "
-                f"{location(request_id)}"
-            ) from None
+            ack = self._services.publisher.submit(record)
+            deadline = _Deadline(reply, ack, wait_s, request_id)
+            try:
+                return await reply
+            finally:
+                deadline.cancel()
+        except ResultTimeoutError:
+            # Remembered before anything is awaited, so a result arriving meanwhile is stored.
+            self._router.keep(request_id)
+            try:
+                await self._services.store.save(request_id, meta=_meta(record, prefs))
+            except StoreUnavailableError as exc:
+                raise ResultTimeoutError(
+                    f"no result for {request_id} within {wait_s}s, and it may not be retrievable "
+                    f"later: {exc}"
+                ) from None
+            raise
         finally:
-            self._router.forget(request_id)
+            self._router.forget(request_id, reply)
             self._admission.release(request_id)
 
-    async def fetch(self, request_id: str) -> Response:
-        instance = location(request_id)
-        try:
-            stored = (
-                await self._services.store.get(request_id)
-                if _REQUEST_ID.match(request_id)
-                else None
-            )
-            if stored is None:
-                raise RequestNotFoundError(f"no request {request_id!r} is known, or it expired")
-            if stored.result is None:
-                return JSONResponse(
-                    {"id": request_id, "status": "PENDING"},
-                    status_code=202,
-                    headers={"Location": instance, "Retry-After": "1"},
-                )
-            result = await asyncio.to_thread(self._services.decode_result, stored.result)
-            prefs = OutputPrefs.from_meta((stored.meta or {}).get("prefs"))
-            return render_result(result, prefs, instance=instance)
-        except TidegateError as exc:
-            return error_problem(exc, instance=instance, request_id=request_id)
+    async def lookup(self, request_id: str) -> Stored:
+        """A request by id, as the result store has it; `RequestNotFoundError` if it does not."""
+        valid = call_record.is_request_id(request_id)
+        stored = await self._services.store.get(request_id) if valid else None
+        if stored is None:
+            raise RequestNotFoundError(f"no request {request_id!r} is known, or it expired")
+        prefs = OutputPrefs.from_meta((stored.meta or {}).get("prefs"))
+        if stored.result is None:
+            return Stored(None, prefs)
+        result = await asyncio.to_thread(self._services.decode_result, stored.result)
+        return Stored(result, prefs)
+
+
+def _meta(record: dict[str, Any], prefs: OutputPrefs) -> dict[str, Any]:
+    return {"model": record["model"], "prefs": prefs.to_meta()}
+
+
+class _Deadline:
+    """Ends a synchronous call's wait for its reply when the publish fails, or at the deadline once
+    Kafka has acknowledged the request (if the ack is late, when it comes)."""
+
+    __slots__ = ("_ack", "_overdue", "_reply", "_request_id", "_timer", "_wait_s")
+
+    def __init__(self, reply: Reply, ack: Ack, wait_s: float, request_id: str) -> None:
+        self._reply = reply
+        self._ack = ack
+        self._wait_s = wait_s
+        self._request_id = request_id
+        self._overdue = False
+        ack.add_done_callback(self._acked)
+        self._timer = asyncio.get_running_loop().call_later(wait_s, self._passed)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _acked(self, ack: Ack) -> None:
+        # Reading the exception here also keeps a publish that fails after its reply came from
+        # being logged as a never-retrieved error.
+        error = None if ack.cancelled() else ack.exception()
+        if error is not None:
+            self._end(error)
+        elif self._overdue:
+            self._end(self._timeout())
+
+    def _passed(self) -> None:
+        if not self._ack.done():
+            self._overdue = True
+        elif not self._ack.cancelled() and self._ack.exception() is None:
+            self._end(self._timeout())
+
+    def _timeout(self) -> ResultTimeoutError:
+        return ResultTimeoutError(
+            f"no result for {self._request_id} within {self._wait_s}s; it stays retrievable at "
+            f"{call_record.location(self._request_id)}"
+        )
+
+    def _end(self, error: BaseException) -> None:
+        if not self._reply.done():
+            self._reply.set_exception(error)

@@ -16,10 +16,13 @@ class GatewayRuntime:
     def __init__(self, config: GatewayConfig, services: GatewayServices) -> None:
         self.config = config
         self.services = services
-        self.router = ReplyRouter(services.store)
-        self.admission = Admission(config.gateway.max_in_flight)
+        settings = config.gateway
+        self.router = ReplyRouter(
+            services.store, keep_s=settings.result_ttl_s, max_kept=settings.max_kept_results
+        )
+        self.admission = Admission(settings.max_in_flight)
         self.router.listeners.append(self.admission.on_result)
-        self.inference = Inference(config.gateway, services, self.router, self.admission)
+        self.inference = Inference(settings, services, self.router, self.admission)
 
     async def start(self) -> None:
         try:

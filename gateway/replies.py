@@ -1,17 +1,24 @@
 """Routing results addressed to this replica to the calls that wait for them.
 
-A `ReplyFeed` delivers every result published to this replica's reply partition; the
-`ReplyRouter` resolves the future of a synchronous call waiting on it, if any, and stores every
-result in the result store, so late and asynchronous results can be fetched by id afterwards.
+A `ReplyFeed` delivers every result published to this replica's reply partition. The
+`ReplyRouter` resolves the future of a synchronous call waiting on it, if any, and then touches
+nothing else: a call answered in time never reaches Redis. Results of requests the gateway promised
+to keep (asynchronous calls, and synchronous ones answered 504, which `keep` remembers for
+`result_ttl_s`) go to the result store so they can be fetched by id. Any other result nobody here
+waits for (a call of another replica that held this partition before, a duplicate) is attached
+only to a request the store already knows, which costs one Redis call and writes nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
+
+from cachetools import TTLCache
 
 from tidegate.core.errors import TidegateError
 from tidegate.gateway import http_metrics as metrics
@@ -46,9 +53,10 @@ class ReplyFeed(ABC):
 class ReplyRouter:
     """Futures of waiting calls by request id. Create it on the event loop it serves."""
 
-    def __init__(self, store: ResultStore) -> None:
+    def __init__(self, store: ResultStore, *, keep_s: float, max_kept: int) -> None:
         self._store = store
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._kept: TTLCache[str, bool] = TTLCache(max_kept, keep_s, timer=time.monotonic)
         self._writes: set[asyncio.Task[None]] = set()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
@@ -61,21 +69,40 @@ class ReplyRouter:
     def is_waiting(self, request_id: str) -> bool:
         return request_id in self._waiting
 
-    def forget(self, request_id: str) -> None:
-        future = self._waiting.pop(request_id, None)
-        if future is not None and not future.done():
-            future.cancel()
+    def forget(self, request_id: str, future: asyncio.Future[dict[str, Any]] | None = None) -> None:
+        """Stop waiting; given its `future`, only if no later call of the same id took over."""
+        if future is not None and self._waiting.get(request_id) is not future:
+            return
+        found = self._waiting.pop(request_id, None)
+        if found is not None and not found.done():
+            found.cancel()
+
+    def keep(self, request_id: str) -> None:
+        """Store this request's result when it comes: the caller was promised a later fetch."""
+        self._kept[request_id] = True
+
+    def drop(self, request_id: str) -> None:
+        self._kept.pop(request_id, None)
 
     def deliver(self, result: dict[str, Any], raw: bytes) -> None:
         request_id = str(result["request_id"])
         future = self._waiting.pop(request_id, None)
-        awaited = future is not None and not future.done()
-        if future is not None and awaited:
+        if future is not None and not future.done():
             future.set_result(result)
-        metrics.REPLIES.labels(outcome="awaited" if awaited else "stored").inc()
+            metrics.count_reply("awaited")
+        elif self._kept.pop(request_id, None) or future is not None:
+            # A call still registered but ended has just ended, almost always at its deadline:
+            # it answers 504, which promises this result, and may not have said `keep` yet.
+            self._write(self._store_result(request_id, raw))
+            metrics.count_reply("stored")
+        else:
+            self._write(self._attach_result(request_id, raw))
+            metrics.count_reply("unclaimed")
         for listener in self.listeners:
             listener(result)
-        task = asyncio.get_running_loop().create_task(self._store_result(request_id, raw))
+
+    def _write(self, write: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(write)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -83,8 +110,13 @@ class ReplyRouter:
         try:
             await self._store.save(request_id, result=raw)
         except TidegateError as exc:
-            # The caller that waits (if any) has its answer already; only a later fetch by id
-            # misses this result, and Kafka's results topic still holds it.
+            # Only a later fetch by id misses this result, and Kafka's results topic holds it.
+            _log.warning("could not store the result of %s: %s", request_id, exc)
+
+    async def _attach_result(self, request_id: str, raw: bytes) -> None:
+        try:
+            await self._store.attach(request_id, raw)
+        except TidegateError as exc:
             _log.warning("could not store the result of %s: %s", request_id, exc)
 
     async def drain(self) -> None:

@@ -4,9 +4,10 @@ thread.
 The consumer joins no group and never rebalances: it is `assign`ed the one partition this
 replica leases, at that partition's end offset read before the replica reports ready (a concrete
 offset: OFFSET_END would resolve lazily, after replies may have landed). Results are decoded in the
-thread and handed to the event loop with `call_soon_threadsafe`. The lease is renewed on the loop
-every `renew_every_s`; when it is lost the replica is not ready until it holds a partition again,
-possibly another one, to which the consumer then moves.
+thread and handed to the event loop with `call_soon_threadsafe`, one hand-over (one wake-up of the
+loop) per batch the consumer read. The lease is renewed on the loop every `renew_every_s`; when it
+is lost the replica is not ready until it holds a partition again, possibly another one, to which
+the consumer then moves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from redis.exceptions import RedisError
 
 from tidegate.core.aio import cancel_and_wait
@@ -146,19 +147,33 @@ class KafkaReplyFeed(ReplyFeed):
                 if self._assigned is None:
                     self._stopping.wait(0.1)
                     continue
-                for msg in consume_ready(consumer, _BATCH, 0.1):
-                    if msg.error() is not None:
-                        _log.warning("replies consumer: %s", msg.error())
-                        continue
-                    raw = msg.value()
-                    if raw is None:
-                        continue
-                    try:
-                        result = self._decode(raw)
-                    except SerializationError as exc:
-                        _log.warning("undecodable reply at offset %s: %s", msg.offset(), exc)
-                        continue
-                    loop.call_soon_threadsafe(deliver, result, raw)
+                replies = self._decoded(consume_ready(consumer, _BATCH, 0.1))
+                if replies:
+                    loop.call_soon_threadsafe(_deliver_all, deliver, replies)
         finally:
             self._assigned = None
             consumer.close()
+
+    def _decoded(self, messages: list[Message]) -> list[tuple[dict[str, Any], bytes]]:
+        replies = []
+        for msg in messages:
+            if msg.error() is not None:
+                _log.warning("replies consumer: %s", msg.error())
+                continue
+            raw = msg.value()
+            if raw is None:
+                continue
+            try:
+                replies.append((self._decode(raw), raw))
+            except SerializationError as exc:
+                _log.warning("undecodable reply at offset %s: %s", msg.offset(), exc)
+        return replies
+
+
+def _deliver_all(deliver: Deliver, replies: list[tuple[dict[str, Any], bytes]]) -> None:
+    for result, raw in replies:
+        # One bad reply must not cost its batch-mates their callers.
+        try:
+            deliver(result, raw)
+        except Exception:
+            _log.exception("could not deliver the reply to %s", result.get("request_id"))

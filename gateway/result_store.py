@@ -1,9 +1,13 @@
-"""Where results wait to be fetched by id: a pending marker at publish time, the result later.
+"""Where results wait to be fetched by id: a pending marker, the result later.
 
 One Redis hash per request, `tidegate:gateway:request:<id>`, with two fields written separately
 (so the marker and a fast result can land in either order): `meta`, the JSON the gateway needs
 to answer later (which outputs, binary or not), and `result`, the InferenceResult exactly as it
 came from Kafka (Confluent-framed Avro). Every write refreshes the TTL.
+
+Only requests the gateway promised to keep are here: asynchronous ones (marked before they are
+published) and synchronous ones answered 504 (marked then). A synchronous call answered in time
+never writes (docs/decisions/009).
 """
 
 from __future__ import annotations
@@ -20,6 +24,15 @@ from tidegate.gateway.http_errors import StoreUnavailableError
 
 __all__ = ["RedisResultStore", "ResultStore", "StoredRequest"]
 
+# The result of a request the store already knows (a marker, or an earlier copy); else nothing.
+_ATTACH = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'result', ARGV[1])
+  return redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
 
 @dataclass(frozen=True)
 class StoredRequest:
@@ -35,6 +48,10 @@ class ResultStore(ABC):
         """Record the pending marker (`meta`) and/or the framed result of a request."""
 
     @abstractmethod
+    async def attach(self, request_id: str, result: bytes) -> bool:
+        """Store the result only if the request is known here already; whether it was."""
+
+    @abstractmethod
     async def get(self, request_id: str) -> StoredRequest | None:
         """What is known about a request; None when it is unknown or expired."""
 
@@ -47,6 +64,7 @@ class RedisResultStore(ResultStore):
         self._redis = client
         self._ttl_s = ttl_s
         self._prefix = prefix
+        self._attach = client.register_script(_ATTACH)
 
     def key(self, request_id: str) -> str:
         return f"{self._prefix}:{request_id}"
@@ -69,6 +87,13 @@ class RedisResultStore(ResultStore):
                 await pipe.execute()
         except RedisError as exc:
             raise StoreUnavailableError(f"result store unreachable: {exc}") from exc
+
+    async def attach(self, request_id: str, result: bytes) -> bool:
+        try:
+            done = await self._attach(keys=[self.key(request_id)], args=[result, self._ttl_s])
+        except RedisError as exc:
+            raise StoreUnavailableError(f"result store unreachable: {exc}") from exc
+        return bool(done)
 
     async def get(self, request_id: str) -> StoredRequest | None:
         try:

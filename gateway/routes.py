@@ -1,4 +1,8 @@
-"""The V2 endpoints: health, server and model metadata, inference, results by id, metrics."""
+"""The V2 endpoints: health, server and model metadata, inference, results by id, metrics.
+
+Thin adapters: each route finds this replica's `GatewayRuntime` and hands over to the catalog, or,
+for inference and results by id, to the HTTP edge (`tidegate.gateway.v2_http`) over the data plane
+(`tidegate.gateway.infer`)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tidegate
+from tidegate.gateway import v2_http
 from tidegate.gateway.problems import problem
 from tidegate.gateway.replica import GatewayRuntime
 
@@ -22,6 +27,17 @@ router = APIRouter()
 def _runtime(request: Request) -> GatewayRuntime:
     runtime: GatewayRuntime = request.app.state.gateway
     return runtime
+
+
+# Routes are matched in order, one regular expression each: inference, the hot path, goes first.
+@router.post("/v2/models/{model}/infer")
+async def infer(request: Request, model: str) -> Response:
+    return await v2_http.infer(_runtime(request).inference, request, model, None)
+
+
+@router.post("/v2/models/{model}/versions/{version}/infer")
+async def infer_version(request: Request, model: str, version: str) -> Response:
+    return await v2_http.infer(_runtime(request).inference, request, model, version)
 
 
 @router.get("/v2/health/live")
@@ -70,19 +86,9 @@ async def version_ready(request: Request, model: str, version: str) -> dict[str,
     return {"name": model, "version": version, "ready": True}
 
 
-@router.post("/v2/models/{model}/infer")
-async def infer(request: Request, model: str) -> Response:
-    return await _runtime(request).inference.infer(request, model, None)
-
-
-@router.post("/v2/models/{model}/versions/{version}/infer")
-async def infer_version(request: Request, model: str, version: str) -> Response:
-    return await _runtime(request).inference.infer(request, model, version)
-
-
 @router.get("/v2/requests/{request_id}")
 async def fetch(request: Request, request_id: str) -> Response:
-    return await _runtime(request).inference.fetch(request_id)
+    return await v2_http.fetch(_runtime(request).inference, request_id)
 
 
 @router.get("/metrics")

@@ -1,12 +1,14 @@
 """The gateway unit tests' harness: the gateway app with Kafka and Redis replaced by in-memory
 fakes behind its own interfaces (`RequestPublisher`, `ReplyFeed`, `ResultStore`, `LifecycleView`).
 The fake publisher plays the worker and answers each request through the fake feed, or holds the
-answer back until the test releases it."""
+answer back until the test releases it; it acknowledges each request at once, or holds the
+acknowledgement back too. The fake store records every call made to it."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +27,7 @@ from tidegate.gateway.app import create_app
 from tidegate.gateway.backends import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.model_catalog import ModelCatalog
-from tidegate.gateway.publisher import RequestPublisher
+from tidegate.gateway.publisher import Ack, RequestPublisher
 from tidegate.gateway.replies import Deliver, ReplyFeed
 from tidegate.gateway.result_store import ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
@@ -117,8 +119,10 @@ class FakeWorker(RequestPublisher):
         self.published: list[dict[str, Any]] = []
         self.answer: Callable[[dict[str, Any]], dict[str, Any]] = compute
         self.hold = False
+        self.hold_ack = False
         self.fail = False
         self.held: dict[str, dict[str, Any]] = {}
+        self.acks: dict[str, Ack] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.is_connected = True
 
@@ -126,16 +130,23 @@ class FakeWorker(RequestPublisher):
     def connected(self) -> bool:
         return self.is_connected
 
-    async def publish(self, record: dict[str, Any]) -> None:
-        if self.fail:
-            raise PublishError("all brokers are down")
+    def submit(self, record: dict[str, Any]) -> Ack:
         self.loop = asyncio.get_running_loop()
+        ack: Ack = self.loop.create_future()
+        if self.fail:
+            ack.set_exception(PublishError("all brokers are down"))
+            return ack
         self.published.append(record)
         result = self.answer(record)
         if self.hold:
             self.held[record["request_id"]] = result
         else:
             self.loop.call_soon(self._deliver, result)
+        if self.hold_ack:
+            self.acks[record["request_id"]] = ack
+        else:
+            ack.set_result(None)
+        return ack
 
     def _deliver(self, result: dict[str, Any]) -> None:
         assert self.feed.deliver is not None
@@ -146,23 +157,52 @@ class FakeWorker(RequestPublisher):
         assert self.loop is not None
         self.loop.call_soon_threadsafe(self._deliver, self.held.pop(request_id))
 
+    def release_ack(self, request_id: str, error: Exception | None = None) -> None:
+        """Acknowledge a held request (or fail its publish), from the test's thread."""
+        assert self.loop is not None
+        ack = self.acks.pop(request_id)
+        if error is None:
+            self.loop.call_soon_threadsafe(ack.set_result, None)
+        else:
+            self.loop.call_soon_threadsafe(ack.set_exception, error)
+
 
 class MemoryStore(ResultStore):
+    """The result store in a dict, with every call recorded in `calls` (method, request id). A
+    `save` that starts sets `saving`, and takes `save_delay_s` before it writes."""
+
     def __init__(self) -> None:
         self.requests: dict[str, StoredRequest] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.save_delay_s = 0.0
+        self.saving = threading.Event()
 
     async def save(
         self, request_id: str, *, meta: dict[str, Any] | None = None, result: bytes | None = None
     ) -> None:
+        self.calls.append(("save", request_id))
+        self.saving.set()
+        if self.save_delay_s:
+            await asyncio.sleep(self.save_delay_s)
         old = self.requests.get(request_id, StoredRequest(None, None))
         self.requests[request_id] = StoredRequest(
             meta if meta is not None else old.meta, result if result is not None else old.result
         )
 
+    async def attach(self, request_id: str, result: bytes) -> bool:
+        self.calls.append(("attach", request_id))
+        old = self.requests.get(request_id)
+        if old is None:
+            return False
+        self.requests[request_id] = StoredRequest(old.meta, result)
+        return True
+
     async def get(self, request_id: str) -> StoredRequest | None:
+        self.calls.append(("get", request_id))
         return self.requests.get(request_id)
 
     async def discard(self, request_id: str) -> None:
+        self.calls.append(("discard", request_id))
         self.requests.pop(request_id, None)
 
 

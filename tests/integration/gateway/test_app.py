@@ -3,9 +3,10 @@
 Each test gets its own requests, results, replies and lifecycle topics (and their subjects), and
 runs the gateway with uvicorn in a thread on a free port. Which models are served comes from
 lifecycle events appended through `LifecycleLog` (into the test's own database schema), which the
-gateway reads from the lifecycle topic. `FakeWorker` stands in for the worker agents: it reads the
-requests topic, answers after an optional `fake_delay_s` request parameter, and publishes each
-InferenceResult to the results topic and to the request's `reply_to` partition.
+gateway reads from the lifecycle topic (tests/integration/gateway/gateway_fixtures.py).
+`FakeWorker` stands in for the worker agents: it reads the requests topic, answers after an
+optional `fake_delay_s` request parameter, and publishes each InferenceResult to the results topic
+and to the request's `reply_to` partition.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import tritonclient.http as httpclient
 import uvicorn
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.fakes import FakeWorker, register_subjects
+from tests.integration.fakes import FakeWorker
+from tests.integration.gateway import gateway_fixtures
+from tests.integration.gateway.gateway_fixtures import fraud_body
 from tests.support import unique, wait_for
-from tests.unit.gateway_harness import ECHO, FRAUD
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -36,24 +38,30 @@ from tidegate.core.settings import (
     TopicSettings,
 )
 from tidegate.gateway.app import create_app
-from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.backends import (
+    GatewayConfig,
+    GatewayServices,
+    ServicesFactory,
+    kafka_services,
+)
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.lease import lease_key
 from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.result_store import ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
-from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
-from tidegate.schemas.registration import RegistryHttp, register_all
-from tidegate.schemas.signature import Signature
+
+topics = gateway_fixtures.topics
+lifecycle = gateway_fixtures.lifecycle
 
 
 class GatewayServer:
     """One gateway replica served by uvicorn in a thread, on a free port."""
 
-    def __init__(self, config: GatewayConfig) -> None:
-        self.app = create_app(config)
+    def __init__(self, config: GatewayConfig, services: ServicesFactory = kafka_services) -> None:
+        self.app = create_app(config, services)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
@@ -86,67 +94,6 @@ class GatewayServer:
 
 
 @pytest.fixture
-def topics(
-    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
-) -> TopicSettings:
-    settings = TopicSettings(
-        requests=new_topic("it-gw-requests", 4),
-        results=new_topic("it-gw-results", 4),
-        replies=new_topic("it-gw-replies", 4),
-        lifecycle=new_topic("it-gw-lifecycle", 1),
-        reply_partitions=4,
-    )
-    register_subjects(registry_settings, settings)
-    with RegistryHttp(registry_settings) as http:
-        list(register_all(http, {f"{settings.lifecycle}-value": MODEL_LIFECYCLE_EVENT}))
-    return settings
-
-
-def served(
-    *versions: str, primary: str, signature: Signature, runtime: str = "onnx"
-) -> list[ev.Payload]:
-    """Each version registered, validated and warm on the fake worker; `primary` promoted."""
-    out: list[ev.Payload] = []
-    for version in versions:
-        out += [
-            ev.ModelRegistered(
-                version,
-                runtime,
-                f"store://{version}",
-                {},
-                signature_json=signature.model_dump_json(),
-            ),
-            ev.ArtifactValidated(version),
-            ev.VersionLoaded(version, "fake-worker"),
-        ]
-    return [*out, ev.Promoted(primary)]
-
-
-@pytest.fixture
-def lifecycle(
-    kafka_settings: KafkaSettings,
-    topics: TopicSettings,
-    registry_settings: SchemaRegistrySettings,
-    pg_settings: PostgresSettings,
-) -> None:
-    """fraud 1 (primary) and 2, echo 1 (primary): what the fake worker serves."""
-
-    async def append() -> None:
-        log = LifecycleLog.from_settings(
-            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
-        )
-        async with log:
-            for model, payloads in (
-                ("fraud", served("1", "2", primary="1", signature=FRAUD)),
-                ("echo", served("1", primary="1", signature=ECHO)),
-            ):
-                events = [NewEvent(p, actor="it") for p in payloads]
-                await log.append(model, events, expected_version=0)
-
-    asyncio.run(append())
-
-
-@pytest.fixture
 def start_gateway(
     kafka_settings: KafkaSettings,
     topics: TopicSettings,
@@ -155,28 +102,20 @@ def start_gateway(
 ) -> Iterator[Callable[..., GatewayServer]]:
     started: list[GatewayServer] = []
 
-    def start(**gateway: Any) -> GatewayServer:
+    def start(services: ServicesFactory = kafka_services, **gateway: Any) -> GatewayServer:
         config = GatewayConfig(
             gateway=GatewaySettings(replica_id=unique("replica"), **gateway),
             kafka=kafka_settings,
             topics=topics,
             registry=registry_settings,
         )
-        server = GatewayServer(config)
+        server = GatewayServer(config, services)
         started.append(server)
         return server.start()
 
     yield start
     for server in started:
         server.stop()
-
-
-def fraud_body(rows: int = 2, **extra: Any) -> dict[str, Any]:
-    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()
-    return {
-        "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
-        **extra,
-    }
 
 
 def poll_result(server: GatewayServer, request_id: str) -> httpx.Response:
@@ -201,6 +140,62 @@ def test_sync_infer_through_kafka(
     assert request["model_version"] is None
     reply_to = gateway.runtime.services.feed.reply_to()
     assert request["reply_to"] == reply_to
+
+
+class CountingStore(ResultStore):
+    """The real Redis store, each call counted."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self.store = store
+        self.calls: list[tuple[str, str]] = []
+
+    async def save(
+        self, request_id: str, *, meta: dict[str, Any] | None = None, result: bytes | None = None
+    ) -> None:
+        self.calls.append(("save", request_id))
+        await self.store.save(request_id, meta=meta, result=result)
+
+    async def attach(self, request_id: str, result: bytes) -> bool:
+        self.calls.append(("attach", request_id))
+        return await self.store.attach(request_id, result)
+
+    async def get(self, request_id: str) -> StoredRequest | None:
+        self.calls.append(("get", request_id))
+        return await self.store.get(request_id)
+
+    async def discard(self, request_id: str) -> None:
+        self.calls.append(("discard", request_id))
+        await self.store.discard(request_id)
+
+
+def test_sync_calls_answered_in_time_make_no_redis_call(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    counted: list[CountingStore] = []
+
+    def services(config: GatewayConfig) -> GatewayServices:
+        real = kafka_services(config)
+        counted.append(CountingStore(real.store))
+        real.store = counted[0]
+        return real
+
+    gateway = start_gateway(services)
+    for _ in range(5):
+        resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body(id=unique("fast")))
+        assert resp.status_code == 200, resp.text
+    assert counted[0].calls == []
+
+    request_id = unique("slow")
+    resp = gateway.http.post(
+        "/v2/models/fraud/infer",
+        json=fraud_body(id=request_id, parameters={"fake_delay_s": 1.0}),
+        headers={"Request-Timeout": "0.2"},
+    )
+    assert resp.status_code == 504, resp.text
+    late = poll_result(gateway, request_id)
+    assert late.status_code == 200, late.text
+    writes = [call for call in counted[0].calls if call[0] != "get"]
+    assert writes == [("save", request_id), ("save", request_id)], "the marker, then the result"
 
 
 def test_tritonclient_unmodified(

@@ -2,7 +2,7 @@
 (tests/unit/gateway_harness.py).
 
 The fakes sit behind the gateway's own interfaces (`RequestPublisher`, `ReplyFeed`,
-`ResultStore`, `ManifestSource`): the fake publisher plays the worker and answers each request
+`ResultStore`, `LifecycleView`): the fake publisher plays the worker and answers each request
 through the fake feed, or holds the answer back until the test releases it.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from tritonclient.http._utils import _get_inference_request
 
@@ -30,6 +32,7 @@ from tests.unit.gateway_harness import (
     make_result,
     problem_of,
 )
+from tidegate.gateway import routes
 from tidegate.lifecycle.domain import events as ev
 
 harness = gateway_harness.harness
@@ -95,6 +98,11 @@ def test_served_versions_and_readiness_follow_the_lifecycle(
     assert harness.worker.published == []
 
 
+def test_inference_is_matched_before_the_other_routes() -> None:
+    paths = [route.path for route in routes.router.routes if isinstance(route, APIRoute)]
+    assert paths[:2] == ["/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer"]
+
+
 def test_unknown_routes_answer_problems(client: TestClient) -> None:
     problem_of(client.get("/v3/whatever"), 404)
     problem_of(client.delete("/v2/models/fraud/infer"), 405)
@@ -118,8 +126,17 @@ def test_sync_infer_json(client: TestClient, harness: Harness) -> None:
     assert record["model_version"] is None, "routing happens in the worker"
     assert record["reply_to"] == {"topic": "replies", "partition": 3}
     assert record["deadline"] is None
-    # The result also stays retrievable by id.
-    assert client.get("/v2/requests/call-1").json() == body
+
+
+def test_a_call_answered_in_time_never_touches_the_result_store(
+    client: TestClient, harness: Harness
+) -> None:
+    for n in range(3):
+        resp = client.post("/v2/models/fraud/infer", json=features(id=f"fast-{n}"))
+        assert resp.status_code == 200, resp.text
+    assert harness.store.calls == []
+    # Nothing promised it a later fetch, so it is not kept for one.
+    assert problem_of(client.get("/v2/requests/fast-0"), 404)["code"] == "REQUEST_NOT_FOUND"
 
 
 def test_explicit_version_is_published(client: TestClient, harness: Harness) -> None:
@@ -307,6 +324,30 @@ def test_timeout_then_fetch_later(client: TestClient, harness: Harness) -> None:
     harness.worker.release("slow-1")
     late = fetched(client, "slow-1")
     assert late.json()["outputs"][0]["data"] == [6, 3, 22, 7]
+    # The marker at the 504, the result when it came: nothing before the deadline passed.
+    writes = [call for call in harness.store.calls if call[0] != "get"]
+    assert writes == [("save", "slow-1"), ("save", "slow-1")]
+
+
+def test_a_result_arriving_while_the_504_is_written_is_kept(
+    client: TestClient, harness: Harness
+) -> None:
+    """The late result may come before the 504's own marker reached the store; it is stored all
+    the same, not attached to a request the store does not know yet."""
+    harness.worker.hold = True
+    harness.store.save_delay_s = 0.5
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(
+            client.post,
+            "/v2/models/fraud/infer",
+            json=features(id="race-1"),
+            headers={"Request-Timeout": "0.1"},
+        )
+        assert harness.store.saving.wait(5), "the 504's marker is being written"
+        harness.worker.release("race-1")
+        assert call.result().status_code == 504
+    harness.store.save_delay_s = 0.0
+    assert fetched(client, "race-1").json()["outputs"][0]["data"] == [6, 3, 22, 7]
 
 
 def test_async_flow(client: TestClient, harness: Harness) -> None:
@@ -321,6 +362,7 @@ def test_async_flow(client: TestClient, harness: Harness) -> None:
     pending = client.get("/v2/requests/a-1")
     assert pending.status_code == 202
     assert pending.json()["status"] == "PENDING"
+    assert harness.store.calls[0] == ("save", "a-1"), "marked before it was published"
     harness.worker.release("a-1")
     done = fetched(client, "a-1")
     # The output preferences of the original call apply to the fetched result.
@@ -361,8 +403,6 @@ def test_duplicate_id_in_flight_is_refused(tmp_path: Path) -> None:
             return client.post(
                 "/v2/models/fraud/infer", json=features(id="dup"), headers={"Request-Timeout": "3"}
             )
-
-        from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(call)

@@ -1,0 +1,80 @@
+"""Serving the gateway with uvicorn: in this process, or in `GatewaySettings.workers` processes on
+one port.
+
+With several workers, uvicorn's supervisor binds the port once and starts each worker in a fresh
+interpreter (multiprocessing's spawn), where `served_app` builds the app from the settings in the
+environment. Each worker is a replica of its own: its own replica id, hence its own lease on a
+partition of the replies topic and its own reply consumer. The supervisor stops every worker on
+SIGTERM or SIGINT (each drains as one replica does: the lease released, the producer flushed)
+and replaces a worker that dies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from tidegate.core.errors import ConfigurationError
+from tidegate.core.settings import TopicSettings
+from tidegate.core.telemetry import configure_logging
+from tidegate.gateway.admin import lifecycle_admin
+from tidegate.gateway.app import create_app
+from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.gateway_settings import GatewaySettings
+
+__all__ = ["APP_FACTORY", "serve", "served_app", "uvicorn_options", "worker_settings"]
+
+APP_FACTORY = "tidegate.gateway.serving:served_app"
+_ENV_PREFIX = "TIDEGATE_GATEWAY_"
+
+
+def worker_settings(settings: GatewaySettings, pid: int) -> GatewaySettings:
+    """The settings of one worker process: a replica id given for the whole gateway gets the
+    process id appended, so that no two workers claim reply partitions under one name."""
+    if settings.workers > 1 and "replica_id" in settings.model_fields_set:
+        return settings.model_copy(update={"replica_id": f"{settings.replica_id}-{pid}"})
+    return settings
+
+
+def served_app() -> FastAPI:
+    """The app of one gateway process, from the settings in the environment (uvicorn's factory)."""
+    # A spawned worker starts with logging unconfigured.
+    configure_logging()
+    settings = worker_settings(GatewaySettings(), os.getpid())
+    admin = lifecycle_admin if settings.admin else None
+    return create_app(GatewayConfig(gateway=settings), admin=admin)
+
+
+def uvicorn_options(settings: GatewaySettings) -> dict[str, Any]:
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "workers": settings.workers,
+        # A line per request costs more CPU than the rest of a call's bookkeeping together.
+        "access_log": settings.access_log,
+        "log_config": None,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+    }
+
+
+def serve(overrides: Mapping[str, Any] | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C, with `overrides` of the `GatewaySettings` fields."""
+    # Workers read their settings from the environment they inherit, overrides included.
+    for name, value in (overrides or {}).items():
+        os.environ[f"{_ENV_PREFIX}{name.upper()}"] = str(value)
+    configure_logging()
+    settings = GatewaySettings()
+    topics = TopicSettings()
+    if settings.workers > topics.reply_partitions:
+        raise ConfigurationError(
+            f"{settings.workers} workers need as many partitions of {topics.replies!r}, which "
+            f"has {topics.reply_partitions}: the others could never be ready"
+        )
+    # uvicorn turns SIGTERM and SIGINT into a graceful shutdown: the lifespan exit releases the
+    # reply lease, stops the reply consumer and flushes the producer.
+    uvicorn.run(APP_FACTORY, factory=True, **uvicorn_options(settings))

@@ -1,0 +1,111 @@
+"""The gateway integration tests' shared set-up: topics of each test's own (4 partitions, 4 reply
+partitions) with their subjects, and the models the fake worker serves, appended as lifecycle events
+through `LifecycleLog` (into the test's own database schema) so the gateway reads them from the
+lifecycle topic. A test module takes the fixtures by name: `topics = gateway_fixtures.topics`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.integration.fakes import register_subjects
+from tests.unit.gateway_harness import ECHO, FRAUD
+from tidegate.core.settings import (
+    KafkaSettings,
+    PostgresSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
+from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.events import NewEvent
+from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
+from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
+from tidegate.schemas.registration import RegistryHttp, register_all
+from tidegate.schemas.signature import Signature
+
+__all__ = ["fraud_body", "lifecycle", "served", "topic_env", "topics"]
+
+
+@pytest.fixture
+def topics(
+    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
+) -> TopicSettings:
+    settings = TopicSettings(
+        requests=new_topic("it-gw-requests", 4),
+        results=new_topic("it-gw-results", 4),
+        replies=new_topic("it-gw-replies", 4),
+        lifecycle=new_topic("it-gw-lifecycle", 1),
+        reply_partitions=4,
+    )
+    register_subjects(registry_settings, settings)
+    with RegistryHttp(registry_settings) as http:
+        list(register_all(http, {f"{settings.lifecycle}-value": MODEL_LIFECYCLE_EVENT}))
+    return settings
+
+
+def topic_env(topics: TopicSettings) -> dict[str, str]:
+    """The environment that points a `tidegate` process at these topics."""
+    return {
+        "TIDEGATE_TOPICS_REQUESTS": topics.requests,
+        "TIDEGATE_TOPICS_RESULTS": topics.results,
+        "TIDEGATE_TOPICS_REPLIES": topics.replies,
+        "TIDEGATE_TOPICS_LIFECYCLE": topics.lifecycle,
+        "TIDEGATE_TOPICS_REPLY_PARTITIONS": str(topics.reply_partitions),
+    }
+
+
+def served(
+    *versions: str, primary: str, signature: Signature, runtime: str = "onnx"
+) -> list[ev.Payload]:
+    """Each version registered, validated and warm on the fake worker; `primary` promoted."""
+    out: list[ev.Payload] = []
+    for version in versions:
+        out += [
+            ev.ModelRegistered(
+                version,
+                runtime,
+                f"store://{version}",
+                {},
+                signature_json=signature.model_dump_json(),
+            ),
+            ev.ArtifactValidated(version),
+            ev.VersionLoaded(version, "fake-worker"),
+        ]
+    return [*out, ev.Promoted(primary)]
+
+
+@pytest.fixture
+def lifecycle(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    pg_settings: PostgresSettings,
+) -> None:
+    """fraud 1 (primary) and 2, echo 1 (primary): what the fake worker serves."""
+
+    async def append() -> None:
+        log = LifecycleLog.from_settings(
+            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+        )
+        async with log:
+            for model, payloads in (
+                ("fraud", served("1", "2", primary="1", signature=FRAUD)),
+                ("echo", served("1", primary="1", signature=ECHO)),
+            ):
+                events = [NewEvent(p, actor="it") for p in payloads]
+                await log.append(model, events, expected_version=0)
+
+    asyncio.run(append())
+
+
+def fraud_body(rows: int = 2, **extra: Any) -> dict[str, Any]:
+    data = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()
+    return {
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
+        **extra,
+    }

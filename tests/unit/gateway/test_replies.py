@@ -1,0 +1,143 @@
+"""The reply router: a reply someone waits for goes to that call and nowhere else; results the
+gateway promised to keep go to the store; any other reply is attached only to a request the store
+knows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.unit.gateway_harness import MemoryStore
+from tidegate.gateway.admission import Admission
+from tidegate.gateway.replies import ReplyRouter
+from tidegate.gateway.result_store import StoredRequest
+
+
+def router(store: MemoryStore, *, keep_s: float = 60.0, max_kept: int = 100) -> ReplyRouter:
+    return ReplyRouter(store, keep_s=keep_s, max_kept=max_kept)
+
+
+async def test_an_awaited_reply_resolves_its_call_and_touches_no_store() -> None:
+    store = MemoryStore()
+    replies = router(store)
+    future = replies.expect("mine")
+    replies.deliver({"request_id": "mine"}, b"raw")
+    assert (await future)["request_id"] == "mine"
+    await replies.drain()
+    assert store.calls == []
+    assert not replies.is_waiting("mine")
+
+
+async def test_kept_results_are_stored_and_others_only_attached_to_known_requests() -> None:
+    store = MemoryStore()
+    store.requests["elsewhere"] = StoredRequest({"model": "fraud"}, None)
+    replies = router(store)
+    replies.keep("kept")
+    replies.deliver({"request_id": "kept"}, b"raw-kept")
+    replies.deliver({"request_id": "elsewhere"}, b"raw-elsewhere")
+    replies.deliver({"request_id": "stranger"}, b"raw-stranger")
+    await replies.drain()
+    assert store.requests["kept"].result == b"raw-kept"
+    assert store.requests["elsewhere"] == StoredRequest({"model": "fraud"}, b"raw-elsewhere")
+    assert "stranger" not in store.requests
+    assert store.calls == [("save", "kept"), ("attach", "elsewhere"), ("attach", "stranger")]
+
+
+async def test_a_dropped_request_is_no_longer_kept() -> None:
+    store = MemoryStore()
+    replies = router(store)
+    replies.keep("gone")
+    replies.drop("gone")
+    replies.deliver({"request_id": "gone"}, b"raw")
+    await replies.drain()
+    assert store.calls == [("attach", "gone")]
+    assert store.requests == {}
+
+
+async def test_kept_ids_are_bounded_in_number_and_time() -> None:
+    store = MemoryStore()
+    few = router(store, max_kept=2)
+    for request_id in ("a", "b", "c"):
+        few.keep(request_id)
+    for request_id in ("a", "b", "c"):
+        few.deliver({"request_id": request_id}, b"raw")
+    await few.drain()
+    assert store.calls == [("attach", "a"), ("save", "b"), ("save", "c")]
+
+    store = MemoryStore()
+    brief = router(store, keep_s=0.01)
+    brief.keep("x")
+    await asyncio.sleep(0.05)
+    brief.deliver({"request_id": "x"}, b"raw")
+    await brief.drain()
+    assert store.calls == [("attach", "x")]
+
+
+async def test_a_late_reply_after_its_call_ended_is_stored_when_kept() -> None:
+    store = MemoryStore()
+    replies = router(store)
+    future = replies.expect("late")
+    future.set_exception(TimeoutError())
+    replies.keep("late")
+    replies.forget("late", future)
+    replies.deliver({"request_id": "late"}, b"raw")
+    await replies.drain()
+    assert store.requests["late"].result == b"raw"
+    assert store.calls == [("save", "late")]
+    assert isinstance(future.exception(), TimeoutError)
+
+
+async def test_a_reply_in_the_same_moment_as_the_deadline_is_stored() -> None:
+    """The deadline failed the call's future, and the reply is handed over before the call could
+    resume to say `keep`: the result is stored all the same."""
+    store = MemoryStore()
+    replies = router(store)
+    future = replies.expect("edge")
+    future.set_exception(TimeoutError())
+    replies.deliver({"request_id": "edge"}, b"raw")
+    await replies.drain()
+    assert store.calls == [("save", "edge")]
+    assert isinstance(future.exception(), TimeoutError)
+
+
+async def test_forget_cancels_and_spares_a_later_call_of_the_same_id() -> None:
+    replies = router(MemoryStore())
+    first: asyncio.Future[dict[str, Any]] = replies.expect("x")
+    replies.forget("x", first)
+    assert first.cancelled()
+    assert not replies.is_waiting("x")
+    stale = replies.expect("y")
+    replies.deliver({"request_id": "y"}, b"raw")
+    newer = replies.expect("y")
+    replies.forget("y", stale)
+    assert replies.is_waiting("y")
+    assert not newer.done()
+
+
+async def test_listeners_see_every_reply() -> None:
+    replies = router(MemoryStore())
+    admission = Admission(10)
+    replies.listeners.append(admission.on_result)
+    admission.admit("async", ttl_s=60)
+    replies.keep("async")
+    replies.deliver({"request_id": "async"}, b"raw")
+    await replies.drain()
+    assert admission.in_flight == 0
+
+
+async def test_a_redelivered_reply_answers_its_caller_once() -> None:
+    # At-least-once workers publish a result twice when one dies between producing and
+    # committing: the caller gets the first copy, the second answers nobody and breaks nothing.
+    store = MemoryStore()
+    replies = router(store)
+    future = replies.expect("dup")
+    replies.deliver({"request_id": "dup", "copy": 1}, b"one")
+    replies.deliver({"request_id": "dup", "copy": 2}, b"two")
+    assert (await future)["copy"] == 1
+    await replies.drain()
+    assert not replies.is_waiting("dup")
+    assert "dup" not in store.requests, "the copy of an answered sync call was stored"
+    later = replies.expect("dup")  # a new call reusing the id waits for its own result
+    await asyncio.sleep(0)
+    assert not later.done()
+    replies.forget("dup")
