@@ -1,4 +1,4 @@
-"""Worker agents: consume `inference-requests`, micro-batch per partition, run models, publish
-`inference-results`. Built in the inference-path issue."""
+"""Worker agents: consume `inference-requests`, batch per model across partitions, run models,
+publish `inference-results` in per-key order, at least once or exactly once."""
 
 __all__: list[str] = []

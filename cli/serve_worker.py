@@ -56,7 +56,11 @@ def worker(
     ] = None,
     max_batch_size: Annotated[int | None, typer.Option(help="Most requests in one batch.")] = None,
     max_batch_delay_ms: Annotated[
-        float | None, typer.Option(help="Longest wait for a batch to fill, in milliseconds.")
+        float | None,
+        typer.Option(
+            help="How long an idle model waits for a fuller batch, in milliseconds (0: at once; "
+            "a busy model's next batch collects while it runs anyway)."
+        ),
     ] = None,
     processes: Annotated[
         int | None,

@@ -4,7 +4,8 @@
 # Every path derives from the repo root (this file's parent folder), so the scripts work from any cwd
 # and in a clone anywhere. Ports and the state folder can be overridden to run a second, separate
 # stack (the integration tests do): TIDEGATE_STACK_VAR, TIDEGATE_STACK_{KAFKA,CONTROLLER,PG,REDIS,
-# REGISTRY}_PORT. TIDEGATE_STACK_SERVICES (comma list) limits which servers are managed.
+# REGISTRY}_PORT, TIDEGATE_STACK_{KAFKA,CONTROLLER}_PORTS. TIDEGATE_STACK_SERVICES (comma list)
+# limits which servers are managed. KAFKA_NODES=3 runs a 3-node Kafka cluster (infra/kafka.sh).
 
 STACK_INFRA=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 STACK_REPO=$(dirname "$STACK_INFRA")
@@ -19,6 +20,13 @@ STACK_SERVICES=${TIDEGATE_STACK_SERVICES:-kafka,registry,postgres,redis}
 
 KAFKA_PORT=${TIDEGATE_STACK_KAFKA_PORT:-9092}
 CONTROLLER_PORT=${TIDEGATE_STACK_CONTROLLER_PORT:-9093}
+# The nodes of KAFKA_NODES=3, one port each: node 1 keeps the single node's ports, so clients
+# configured for 127.0.0.1:9092 reach the cluster too (9092/9093, 9094/9095, 9096/9097).
+KAFKA_NODES=${KAFKA_NODES:-}
+IFS=, read -r -a KAFKA_PORTS \
+  <<<"${TIDEGATE_STACK_KAFKA_PORTS:-$KAFKA_PORT,$((KAFKA_PORT + 2)),$((KAFKA_PORT + 4))}"
+IFS=, read -r -a CONTROLLER_PORTS \
+  <<<"${TIDEGATE_STACK_CONTROLLER_PORTS:-$CONTROLLER_PORT,$((CONTROLLER_PORT + 2)),$((CONTROLLER_PORT + 4))}"
 PG_PORT=${TIDEGATE_STACK_PG_PORT:-5432}
 REDIS_PORT=${TIDEGATE_STACK_REDIS_PORT:-6379}
 REGISTRY_PORT=${TIDEGATE_STACK_REGISTRY_PORT:-8081}
@@ -122,12 +130,19 @@ wait_healthy() {
 # stop_pid NAME PIDFILE DIR WORD SIGNAL: stops our server by its PID file (SIGNAL, then SIGKILL at the
 # deadline). Never by name: other stacks and foreign processes on this machine are left alone.
 stop_pid() {
-  local name=$1 pidfile=$2 dir=$3 word=$4 signal=$5 pid deadline
+  local name=$1 pidfile=$2 dir=$3 word=$4 signal=$5 pid
   if ! pid=$(running_pid "$name" "$pidfile" "$dir" "$word"); then
     log "$name: not running"
     return 0
   fi
   kill -s "$signal" "$pid" 2>/dev/null || true
+  await_exit "$name" "$pidfile" "$pid"
+}
+
+# await_exit NAME PIDFILE PID: waits for a server that was told to stop to exit (SIGKILL at the
+# STOP_TIMEOUT deadline), then removes its PID file.
+await_exit() {
+  local name=$1 pidfile=$2 pid=$3 deadline
   deadline=$((SECONDS + STOP_TIMEOUT))
   while alive "$pid" && ((SECONDS < deadline)); do
     sleep 0.2

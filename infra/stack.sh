@@ -5,11 +5,16 @@
 #   bash infra/stack.sh down     stop what `up` started, by PID file
 #   bash infra/stack.sh status   each server and each topic; exit 1 if something is down
 #
+# KAFKA_NODES=3 (`make up KAFKA_NODES=3`) runs Kafka as a 3-node cluster whose topics have 3
+# replicas and min.insync.replicas=2 (docs/kafka-cluster.md); the default, 1, is the single node.
+#
 # Overrides (a second stack, e.g. in tests): TIDEGATE_STACK_VAR, TIDEGATE_STACK_KAFKA_PORT,
-# TIDEGATE_STACK_CONTROLLER_PORT, TIDEGATE_STACK_PG_PORT, TIDEGATE_STACK_REDIS_PORT,
+# TIDEGATE_STACK_CONTROLLER_PORT, TIDEGATE_STACK_KAFKA_PORTS and TIDEGATE_STACK_CONTROLLER_PORTS
+# (the cluster's, comma lists), TIDEGATE_STACK_PG_PORT, TIDEGATE_STACK_REDIS_PORT,
 # TIDEGATE_STACK_REGISTRY_PORT, TIDEGATE_STACK_SERVICES (default kafka,registry,postgres,redis),
 # TIDEGATE_STACK_{KAFKA,PG,REDIS,REGISTRY}_TIMEOUT, TIDEGATE_STACK_STOP_TIMEOUT,
-# TIDEGATE_STACK_KAFKA_HEAP (default 1g).
+# TIDEGATE_STACK_KAFKA_HEAP (default 1g), TIDEGATE_STACK_KAFKA_CONFIG (extra server.properties
+# lines).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -65,7 +70,7 @@ stack_status() {
   if enabled registry; then registry_status || failed=1; fi
   if enabled postgres; then pg_status || failed=1; fi
   if enabled redis; then redis_status || failed=1; fi
-  if enabled kafka && kafka_pid >/dev/null 2>&1; then
+  if enabled kafka && kafka_any_running; then
     echo
     "$STACK_BIN/tidegate" stack status || failed=1
   fi

@@ -22,6 +22,11 @@ class ModelSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto picks CUDA when present, the CPU otherwise."
     )
+    cuda_fallback: bool = Field(
+        True,
+        description="A CUDA failure while computing a batch moves that version to the CPU for "
+        "the rest of its life (the batch is retried there); false fails the batch instead.",
+    )
     intra_op_threads: int = Field(
         1, ge=1, le=256, description="Threads inside one operator (onnxruntime and torch)."
     )

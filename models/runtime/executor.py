@@ -7,11 +7,18 @@ microseconds, a thread hop and its wake-ups more) runs inline on the caller's lo
 that slows down goes back to its thread. Backend exceptions become
 `ModelExecutionError` with the backend's own message; outputs are checked against the signature
 so a model that drops rows or changes a datatype is caught here and not by a caller.
+
+A batch that fails on CUDA because CUDA itself failed (`device.cuda_failure`) moves the version
+to the CPU: the model is loaded again there, in the runtime's thread, the batch is retried, and
+every later batch runs there. A worker keeps answering at CPU speed on a broken GPU instead of
+failing every request; a WARNING line and `tidegate_model_device_fallbacks_total` say so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -30,11 +37,18 @@ from tidegate.core.errors import (
 from tidegate.models.manifest import Manifest, ModelPackage
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.models.runtime.device import cuda_failure
 from tidegate.models.runtime.pipeline import Batch, Pipeline, build_pipeline
+from tidegate.models.runtime.runtime_metrics import MODEL_DEVICE_FALLBACKS
 from tidegate.schemas.signature import Signature
 from tidegate.schemas.tensors import DATATYPES, datatype_of
 
 __all__ = ["ExecutorRuntime", "batch_rows", "synthetic_inputs"]
+
+_log = logging.getLogger(__name__)
+# A CUDA error can carry a page of advice (torch's CUDA_LAUNCH_BLOCKING hint); the log line keeps
+# the error itself.
+_LOGGED_ERROR_CHARS = 500
 
 
 class ExecutorRuntime(ModelRuntime):
@@ -46,14 +60,20 @@ class ExecutorRuntime(ModelRuntime):
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
         self.manifest: Manifest | None = None
+        self.package: ModelPackage | None = None
         self.pipeline = Pipeline()
         self._executor: ThreadPoolExecutor | None = None
         # Seconds per batch, a moving average; None until the first batch ran in the thread.
         self._average_s: float | None = None
+        # Batches waiting for a move to the CPU: none runs inline meanwhile, where it could meet
+        # the model half replaced.
+        self._moves_pending = 0
 
     @abstractmethod
     def _load_model(self, package: ModelPackage) -> None:
-        """Load the entry point onto a device and set `self.device` (runs in the executor)."""
+        """Load the entry point onto the device `self.settings` allows and set `self.device`
+        (runs in the executor). It replaces the loaded model only once the new one is ready, so
+        a failed reload leaves the previous one serving."""
 
     @abstractmethod
     def _compute(self, feeds: Batch) -> Batch:
@@ -63,6 +83,10 @@ class ExecutorRuntime(ModelRuntime):
     def _release(self) -> None:
         """Drop the model and its device memory (runs in the executor)."""
 
+    def _free_device_memory(self, device: str) -> None:
+        """Return memory a backend caches on `device` once no model uses it (runs in the
+        executor)."""
+
     @property
     def label(self) -> str:
         return f"{self.manifest.name} version {self.manifest.version}" if self.manifest else "?"
@@ -71,6 +95,7 @@ class ExecutorRuntime(ModelRuntime):
         if self._executor is not None:
             raise ArtifactError(f"{self.label} is already loaded")
         self.manifest = package.manifest
+        self.package = package
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.label}")
         try:
             await self._call(self._load_sync, package)
@@ -84,10 +109,22 @@ class ExecutorRuntime(ModelRuntime):
         if self._executor is None or self.manifest is None:
             raise ModelUnavailableError(f"{self.label} is not loaded")
         rows = batch_rows(inputs)
+        device = self.device
         try:
-            if self._inline():
-                outputs = self._timed_run(dict(inputs))
-            else:
+            try:
+                if self._inline():
+                    outputs = self._timed_run(dict(inputs))
+                else:
+                    outputs = await self._call(self._timed_run, dict(inputs))
+            except Exception as exc:
+                reason = self._fallback_reason(device, exc)
+                if reason is None:
+                    raise
+                self._moves_pending += 1
+                try:
+                    await self._call(self._fall_back_to_cpu, reason)
+                finally:
+                    self._moves_pending -= 1
                 outputs = await self._call(self._timed_run, dict(inputs))
         except TidegateError:
             raise
@@ -123,9 +160,43 @@ class ExecutorRuntime(ModelRuntime):
         self.pipeline = build_pipeline(package.manifest, package.directory)
         self._load_model(package)
 
+    def _fallback_reason(self, device: str, error: Exception) -> str | None:
+        """The CUDA failure that moves this version to the CPU, or None to fail the batch."""
+        if device != "cuda" or not self.settings.cuda_fallback:
+            return None
+        reason = cuda_failure(error)
+        return None if reason is None else reason[:_LOGGED_ERROR_CHARS]
+
+    def _fall_back_to_cpu(self, reason: str) -> None:
+        """Load the version again on the CPU (runs in the executor, so it is serialised with
+        every batch of this version)."""
+        if self.device != "cuda":
+            # Batches that failed side by side each ask; the first one moved the version.
+            return
+        if self.package is None:
+            raise ModelUnavailableError(f"{self.label} is not loaded")
+        self.settings = self.settings.model_copy(update={"device": "cpu"})
+        try:
+            self._load_model(self.package)
+        except Exception as exc:
+            raise ModelExecutionError(
+                f"{self.label} failed on CUDA ({reason}) and could not be loaded on the CPU: "
+                f"{_one_line(exc)}"
+            ) from exc
+        # A failed CUDA context can fail its own clean-up too; the CPU copy does not need it.
+        with contextlib.suppress(Exception):
+            self._free_device_memory("cuda")
+        # CUDA's timings say nothing about the CPU's: measure again, in the thread.
+        self._average_s = None
+        manifest = self.package.manifest
+        MODEL_DEVICE_FALLBACKS.labels(manifest.name, manifest.version, "cuda", self.device).inc()
+        _log.warning("%s moved from CUDA to the CPU after a CUDA failure: %s", self.label, reason)
+
     def _inline(self) -> bool:
         average = self._average_s
-        return average is not None and average * 1000.0 < self.settings.inline_below_ms
+        if average is None or self._moves_pending:
+            return False
+        return average * 1000.0 < self.settings.inline_below_ms
 
     def _timed_run(self, inputs: Batch) -> Batch:
         started = time.perf_counter()
@@ -137,6 +208,11 @@ class ExecutorRuntime(ModelRuntime):
 
     def _run_sync(self, inputs: Batch) -> Batch:
         return self.pipeline.after(self._compute(self.pipeline.before(inputs)))
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[0] if lines else type(error).__name__)[:_LOGGED_ERROR_CHARS]
 
 
 def batch_rows(inputs: Arrays) -> int:

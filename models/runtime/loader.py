@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import Histogram
-
 from tidegate.models.manifest import Manifest
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import ModelRuntime
+from tidegate.models.runtime.runtime_metrics import MODEL_LOAD_SECONDS
 from tidegate.models.store import ArtifactStore
 
 __all__ = ["MODEL_LOAD_SECONDS", "create_runtime", "load_package"]
-
-MODEL_LOAD_SECONDS = Histogram(
-    "tidegate_model_load_seconds",
-    "Time to fetch, verify, load and warm up one model version.",
-    ["model", "version"],
-    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
-)
 
 
 def create_runtime(manifest: Manifest, settings: ModelSettings) -> ModelRuntime:

@@ -87,10 +87,13 @@ class TorchRuntime(ExecutorRuntime):
         return {str(name): tensor.detach().cpu().numpy() for name, tensor in items}
 
     def _release(self) -> None:
+        self._module = None
+        self._free_device_memory(self.device)
+
+    def _free_device_memory(self, device: str) -> None:
         import torch
 
-        self._module = None
-        if self.device == "cuda":
+        if device == "cuda":
             torch.cuda.empty_cache()
 
 
