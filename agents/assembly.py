@@ -26,8 +26,10 @@ from tidegate.core.settings import (
     PostgresSettings,
     SchemaRegistrySettings,
     TopicSettings,
+    TracingSettings,
 )
 from tidegate.core.telemetry import get_logger
+from tidegate.core.tracing import Tracing, start_tracing
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
@@ -51,6 +53,7 @@ class WorkerConfig:
     registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
     postgres: PostgresSettings = field(default_factory=PostgresSettings)
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
 
 @dataclass
@@ -68,11 +71,16 @@ async def running_worker(
     *,
     loader: ModelLoader | None = None,
     consumer_extra: Mapping[str, Any] | None = None,
+    tracing: Tracing | None = None,
 ) -> AsyncIterator[RunningWorker]:
     """A started worker; leaving the block stops it gracefully. `loader` defaults to the artifact
-    store of `config.models`."""
+    store of `config.models`, `tracing` to the one `config.tracing` describes (off by default)."""
     worker_id = config.worker.worker_id
     async with AsyncExitStack() as stack:
+        if tracing is None:
+            tracing = start_tracing(config.tracing, "worker")
+            # Last out: what the worker's stop still traces is exported before the process ends.
+            stack.callback(tracing.shutdown)
         lifecycle = await stack.enter_async_context(
             # Serving never needs PostgreSQL, so a worker starts without it; its load reports
             # are retried until the event store answers.
@@ -121,7 +129,9 @@ async def running_worker(
             max_in_flight=config.worker.shadow_max_in_flight,
         )
         stack.push_async_callback(shadow.stop)
-        service = InferenceService(feed, versions, worker_id=worker_id, shadow=shadow)
+        service = InferenceService(
+            feed, versions, worker_id=worker_id, shadow=shadow, tracer=tracing.tracer
+        )
         worker = InferenceWorker(
             service,
             settings=config.worker,
@@ -129,6 +139,7 @@ async def running_worker(
             topics=config.topics,
             registry=config.registry,
             consumer_extra=consumer_extra,
+            tracing=tracing,
         )
         holder.append(worker)
         await worker.start()

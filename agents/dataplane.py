@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from opentelemetry.trace import Tracer
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference_task import InferenceTask
@@ -33,6 +34,7 @@ from tidegate.agents.loaded import LoadedModel
 from tidegate.agents.result_builders import Timings, error_result, ok_result
 from tidegate.agents.shadow import ShadowJob, ShadowRequest, ShadowRunner
 from tidegate.agents.version_manager import TableSource
+from tidegate.agents.worker_tracing import compute_span
 from tidegate.core.errors import (
     DeadlineExceededError,
     InvalidInputError,
@@ -85,11 +87,14 @@ class InferenceService:
         *,
         worker_id: str,
         shadow: ShadowRunner | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.tables = tables
         self.models = models
         self.worker_id = worker_id
         self.shadow = shadow
+        # Each model call is a span when tracing is on (under the worker's batch span).
+        self.tracer = tracer
         self._checks = SignatureChecks()
 
     async def process(
@@ -205,7 +210,11 @@ class InferenceService:
             inputs = {n: np.concatenate([m.arrays[n] for m in members]) for n in names}
         rows = sum(m.rows for m in members)
         started = time.perf_counter()
-        outputs = await model.runtime.infer(inputs)
+        if self.tracer is None:
+            outputs = await model.runtime.infer(inputs)
+        else:
+            with compute_span(self.tracer, model.name, model.version, rows, len(members)):
+                outputs = await model.runtime.infer(inputs)
         seconds = time.perf_counter() - started
         metrics.compute(model.name, model.version).observe(seconds)
         metrics.sub_batch_size(model.name, model.version).observe(len(members))

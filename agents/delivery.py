@@ -20,6 +20,7 @@ from tidegate.agents import worker_metrics as metrics
 from tidegate.core.errors import ConfigurationError, TidegateError
 from tidegate.core.settings import TopicSettings
 from tidegate.core.telemetry import get_logger
+from tidegate.core.tracing import KafkaHeaders
 from tidegate.schemas.catalog import (
     DEAD_LETTER_ENVELOPE,
     INFERENCE_RESULT,
@@ -80,14 +81,20 @@ class Publisher:
         return self._results.encode(record, self._ids[self.topics.results])
 
     def result(
-        self, value: bytes, key: bytes | None, reply_to: Mapping[str, Any] | None, ack: Ack | None
+        self,
+        value: bytes,
+        key: bytes | None,
+        reply_to: Mapping[str, Any] | None,
+        ack: Ack | None,
+        headers: KafkaHeaders | None = None,
     ) -> int:
-        """Produce an encoded result; returns how many messages were produced (1 or 2)."""
-        self._produce(self.topics.results, value, key, None, ack)
+        """Produce an encoded result; returns how many messages were produced (1 or 2).
+        `headers` (the request's trace context) go with the result and the reply."""
+        self._produce(self.topics.results, value, key, None, ack, headers)
         if not reply_to:
             return 1
         partition = reply_to.get("partition")
-        self._produce(str(reply_to["topic"]), value, key, partition, ack)
+        self._produce(str(reply_to["topic"]), value, key, partition, ack, headers)
         return 2
 
     def dead_letter(
@@ -128,11 +135,19 @@ class Publisher:
         return left
 
     def _produce(
-        self, topic: str, value: bytes, key: bytes | None, partition: int | None, ack: Ack | None
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        partition: int | None,
+        ack: Ack | None,
+        headers: KafkaHeaders | None = None,
     ) -> None:
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if ack is not None:
             kwargs["on_delivery"] = ack
+        if headers:
+            kwargs["headers"] = headers
         if partition is not None and partition >= 0:
             kwargs["partition"] = partition
         while True:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy.typing as npt
+from opentelemetry.trace import Span
 
 from tidegate.core.errors import TidegateError
 
@@ -30,6 +31,7 @@ class InferenceTask:
     `arrays` holds the inputs already converted to numpy (None when they could not be), and
     `rejection` an error that answers the request without any compute (a malformed tensor).
     `attempts` counts the model runs this request took part in, for dead-letter envelopes.
+    `span` is the request's span while the worker holds it, when tracing is on.
     """
 
     request: dict[str, Any]
@@ -39,6 +41,7 @@ class InferenceTask:
     queue_ms: float = 0.0
     rejection: TidegateError | None = None
     attempts: int = 0
+    span: Span | None = None
 
     @property
     def request_id(self) -> str:

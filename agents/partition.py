@@ -79,7 +79,12 @@ class PartitionPipeline:
         if decoded.poison is not None:
             info = error_info(decoded.poison, details={"stage": "decode"})
             log.warning(
-                "poison pill at %s[%d]@%d: %s", self.topic, self.partition, offset, decoded.poison
+                "poison pill at %s[%d]@%d: %s",
+                self.topic,
+                self.partition,
+                offset,
+                decoded.poison,
+                extra={"request_id": task.request_id} if task is not None else None,
             )
             self._dead_letter(self._topics.poison, msg, offset, info, task)
         if task is None:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from tidegate.agents import worker_metrics as metrics
+from tidegate.agents import worker_tracing as tracing
 from tidegate.agents.delivery import Publisher
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.offsets import OffsetTracker
@@ -102,35 +103,47 @@ class _Produced:
             entry.tracker.done(entry.offset)
 
 
-def _produce(publisher: Publisher, entry: SinkEntry, worker_id: str, ack: Any) -> int:
+def _produce(publisher: Publisher, entry: SinkEntry, worker_id: str, ack: Any, traced: bool) -> int:
     """Produce one entry; a result too large for Kafka (or not encodable) is answered with the
-    error instead. Returns how many messages went out."""
+    error instead. Returns how many messages went out. `traced`: the result carries its
+    request's trace context on, and the request's span ends."""
     if entry.letter is not None:
         topic, envelope = entry.letter
         publisher.dead_letter(topic, envelope, entry.key, ack)
         return 1
+    task = entry.task
     assert entry.result is not None  # noqa: S101 - a result entry, built so
-    assert entry.task is not None  # noqa: S101
-    reply_to = entry.task.request.get("reply_to")
+    assert task is not None  # noqa: S101
+    reply_to = task.request.get("reply_to")
+    headers = tracing.result_headers(task) if traced else None
     try:
         value = publisher.encode_result(entry.result)
-        return publisher.result(value, entry.key, reply_to, ack)
+        produced = publisher.result(value, entry.key, reply_to, ack, headers)
     except (SerializationError, KafkaException) as exc:
         failure = ModelExecutionError(f"the result could not be published: {exc}")
-        entry.result = error_result(entry.task, failure, worker_id=worker_id)
+        entry.result = error_result(task, failure, worker_id=worker_id)
         value = publisher.encode_result(entry.result)
-        return publisher.result(value, entry.key, reply_to, ack)
+        produced = publisher.result(value, entry.key, reply_to, ack, headers)
+    if traced:
+        tracing.finished(task, entry.result)
+    return produced
 
 
 class AckedSink:
     """At-least-once: offsets are done once Kafka acknowledged their records."""
 
     def __init__(
-        self, publisher: Publisher, *, worker_id: str, on_fatal: Callable[[BaseException], None]
+        self,
+        publisher: Publisher,
+        *,
+        worker_id: str,
+        on_fatal: Callable[[BaseException], None],
+        traced: bool = False,
     ) -> None:
         self._publisher = publisher
         self._worker_id = worker_id
         self._fatal = on_fatal
+        self._traced = traced
         self._loop = asyncio.get_running_loop()
         self._entries: list[SinkEntry] = []
 
@@ -144,8 +157,8 @@ class AckedSink:
         entries = [e for e in self._entries if not e.tracker.closed]
         self._entries = []
         produced = _Produced(entries, self._loop, self._fatal)
-        publisher, worker_id = self._publisher, self._worker_id
-        produced.arm(sum(_produce(publisher, e, worker_id, produced.ack) for e in entries))
+        publisher, worker_id, traced = self._publisher, self._worker_id, self._traced
+        produced.arm(sum(_produce(publisher, e, worker_id, produced.ack, traced) for e in entries))
 
 
 class TransactionalSink:
@@ -169,8 +182,10 @@ class TransactionalSink:
         on_committed: Callable[[list[TopicPartition]], None],
         on_aborted: Callable[[], None],
         timeout_s: float = 5.0,
+        traced: bool = False,
     ) -> None:
         self._publisher = publisher
+        self._traced = traced
         self._producer = publisher.producer
         self._worker_id = worker_id
         self._fatal = on_fatal
@@ -200,7 +215,7 @@ class TransactionalSink:
             self._producer.begin_transaction()
             self._open = True
         for entry in entries:
-            _produce(self._publisher, entry, self._worker_id, None)
+            _produce(self._publisher, entry, self._worker_id, None, self._traced)
             entry.tracker.done(entry.offset)
 
     async def commit(self) -> bool:

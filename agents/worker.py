@@ -38,11 +38,13 @@ from tidegate.agents.delivery import Publisher
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.agents.worker_tracing import batch_span, consumed
 from tidegate.core.aio import OwnerThread, cancel_and_wait
 from tidegate.core.errors import RetriableError
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.telemetry import get_logger
+from tidegate.core.tracing import TRACING_OFF, Tracing
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroDecoder
 
@@ -76,8 +78,10 @@ class InferenceWorker:
         drain_timeout_s: float | None = None,
         poll_timeout_s: float = 0.1,
         consumer_extra: Mapping[str, Any] | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.service = service
+        self._tracing = tracing
         self.settings = settings
         self.topics = topics
         self._kafka = kafka
@@ -177,8 +181,14 @@ class InferenceWorker:
                 on_committed=self._transaction_committed,
                 on_aborted=self._rewind,
                 timeout_s=self.settings.transaction_timeout_ms / 2000.0,
+                traced=self._tracing.enabled,
             )
-        return AckedSink(self._publisher, worker_id=self.settings.worker_id, on_fatal=self._fail)
+        return AckedSink(
+            self._publisher,
+            worker_id=self.settings.worker_id,
+            on_fatal=self._fail,
+            traced=self._tracing.enabled,
+        )
 
     @property
     def publisher(self) -> Publisher:
@@ -304,6 +314,7 @@ class InferenceWorker:
         transient error means a partition must be read again from a message on."""
         rewind = self._seeks
         submit = self._batcher.submit
+        tracer = self._tracing.tracer  # None unless tracing is on: then no header is read
         for msg in batch:
             err = msg.error()
             partition = msg.partition()
@@ -324,12 +335,19 @@ class InferenceWorker:
                 rewind[partition] = int(msg.offset() or 0)
                 continue
             if slot is not None:
+                if tracer is not None:
+                    consumed(tracer, msg, slot.task)
                 submit(slot.task.model, slot)
         self._sink.flush()  # the poison pills' dead letters
         return bool(rewind)
 
     async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
-        return await self.service.process([slot.task for slot in slots], waits)
+        tasks = [slot.task for slot in slots]
+        tracer = self._tracing.tracer
+        if tracer is None:
+            return await self.service.process(tasks, waits)
+        with batch_span(tracer, tasks):
+            return await self.service.process(tasks, waits)
 
     def _delivered(self, slots: Sequence[Slot], outcome: Sequence[Result] | BaseException) -> None:
         hand_over(slots, outcome, worker_id=self.settings.worker_id)

@@ -10,6 +10,10 @@ partition at its end offset when the client starts. No group membership is invol
 number of clients can wait side by side; each reads the whole topic and keeps only what it awaits,
 which suits scripts and batch jobs. Interactive traffic at volume should go through the gateway,
 whose replicas each read one partition of the replies topic.
+
+With a `Tracing` that is on, each publish is a `send <topic>` span, a child of the span current
+where `publish` is called, and the request carries its W3C trace context in its headers, so
+the worker's spans join the caller's trace. Off (the default), nothing of it runs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from tidegate.core.errors import (
     ConfigurationError,
@@ -34,6 +39,7 @@ from tidegate.core.errors import (
 )
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.tracing import TRACING_OFF, KafkaHeaders, Tracing, span_headers
 from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.requests import Inputs, build_request, request_key
@@ -66,8 +72,10 @@ class TidegateProducer:
         *,
         await_results: bool = False,
         producer_extra: Mapping[str, Any] | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self._kafka = kafka or KafkaSettings()
+        self._tracing = tracing
         self._topics = topics or TopicSettings()
         self._registry = registry or SchemaRegistrySettings()
         self._await_results = await_results
@@ -165,7 +173,10 @@ class TidegateProducer:
         return str(record["request_id"])
 
     def publish_record(
-        self, record: Mapping[str, Any], on_delivery: DeliveryCallback | None = None
+        self,
+        record: Mapping[str, Any],
+        on_delivery: DeliveryCallback | None = None,
+        headers: KafkaHeaders | None = None,
     ) -> None:
         """Enqueue a ready `InferenceRequest` record; a record that does not encode raises."""
         producer, encoder = self._running()
@@ -174,26 +185,38 @@ class TidegateProducer:
         if self._await_results:
             self._awaited.add(request_id)
         report = on_delivery or self._remember_failure
+        topic = self._topics.requests
+        span: Span | None = None
+        tracer = self._tracing.tracer
+        if tracer is not None:
+            span = tracer.start_span(
+                f"send {topic}",
+                kind=SpanKind.PRODUCER,
+                attributes={"tidegate.request_id": request_id},
+            )
+            headers = [*(headers or ()), *span_headers(span)]
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:
-            report(request_id, None if err is None else PublishError(err.str()))
+            error = None if err is None else PublishError(err.str())
+            if span is not None:
+                if error is not None:
+                    span.set_status(Status(StatusCode.ERROR, str(error)))
+                span.end()
+            report(request_id, error)
 
+        kwargs: dict[str, Any] = {"value": value, "key": request_key(record), "headers": headers}
         try:
-            producer.produce(
-                self._topics.requests, value=value, key=request_key(record), on_delivery=delivered
-            )
+            producer.produce(topic, on_delivery=delivered, **kwargs)
         except BufferError:
             # The local queue is full: serve delivery reports once, then give up rather than
             # block the caller indefinitely.
             producer.poll(1.0)
             try:
-                producer.produce(
-                    self._topics.requests,
-                    value=value,
-                    key=request_key(record),
-                    on_delivery=delivered,
-                )
+                producer.produce(topic, on_delivery=delivered, **kwargs)
             except BufferError as exc:
+                if span is not None:
+                    span.set_status(Status(StatusCode.ERROR, "the producer queue is full"))
+                    span.end()
                 raise OverloadedError("the producer queue is full") from exc
         producer.poll(0)
 

@@ -3,10 +3,17 @@
 Like quixstreams' `ConnectionConfig`, the connection part is derived once from the settings and
 every client adds only its role's options. Defaults lean to safety: idempotent producers with
 acks=all, consumers that never auto-commit.
+
+Producers and consumers log through Python logging (the `librdkafka` logger), where
+`tidegate.core.telemetry`'s filters summarise a reconnect storm; librdkafka would otherwise write
+each line to stderr itself. Such lines are served by the client's `poll`, which every producer and
+consumer here calls all along; admin clients are polled only now and then, so theirs stay on
+stderr rather than pile up unserved.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +21,7 @@ from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from tidegate.core.settings import KafkaSettings
+from tidegate.core.telemetry import RDKAFKA_LOGGER
 
 __all__ = [
     "admin_config",
@@ -59,6 +67,7 @@ def producer_config(
             "acks": "all",
             "linger.ms": 2,
             "compression.type": "lz4",
+            "logger": logging.getLogger(RDKAFKA_LOGGER),
         }
     )
     conf.update(extra or {})
@@ -76,6 +85,7 @@ def consumer_config(
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
+            "logger": logging.getLogger(RDKAFKA_LOGGER),
         }
     )
     conf.update(extra or {})

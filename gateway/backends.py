@@ -22,7 +22,9 @@ from tidegate.core.settings import (
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
+    TracingSettings,
 )
+from tidegate.core.tracing import TRACING_OFF, Tracing, start_tracing
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.lease import PartitionLease
 from tidegate.gateway.model_catalog import ModelCatalog
@@ -44,6 +46,7 @@ class GatewayConfig:
     topics: TopicSettings = field(default_factory=TopicSettings)
     registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class GatewayServices:
     store: ResultStore
     decode_result: Callable[[bytes], dict[str, Any]]
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    tracing: Tracing = TRACING_OFF
 
     async def close(self) -> None:
         for close in self.closers:
@@ -63,8 +67,18 @@ class GatewayServices:
 ServicesFactory = Callable[[GatewayConfig], GatewayServices]
 
 
-def kafka_services(config: GatewayConfig) -> GatewayServices:
-    """The real services. Call it on the event loop that will use them."""
+def kafka_services(config: GatewayConfig, *, tracing: Tracing | None = None) -> GatewayServices:
+    """The real services. Call it on the event loop that will use them. `tracing` defaults to
+    the one `config.tracing` describes (off by default)."""
+    closers: list[Callable[[], Awaitable[None]]] = []
+    if tracing is None:
+        tracing = start_tracing(config.tracing, "gateway")
+        built = tracing
+
+        async def stop_tracing() -> None:
+            await asyncio.to_thread(built.shutdown)
+
+        closers.append(stop_tracing)
 
     password = config.redis.password.get_secret_value() if config.redis.password else None
     redis = Redis.from_url(config.redis.url, password=password)
@@ -91,15 +105,18 @@ def kafka_services(config: GatewayConfig) -> GatewayServices:
 
     return GatewayServices(
         catalog=ModelCatalog(lifecycle),
-        publisher=KafkaPublisher(config.kafka, config.topics, config.registry),
+        publisher=KafkaPublisher(config.kafka, config.topics, config.registry, tracing=tracing),
         feed=KafkaReplyFeed(
             config.kafka,
             config.topics.replies,
             lease,
             decode,
             renew_every_s=gateway.reply_lease_s / 3,
+            traced=tracing.enabled,
         ),
         store=RedisResultStore(redis, gateway.result_ttl_s),
         decode_result=decode,
-        closers=[redis.aclose, stop_lifecycle],
+        # Tracing last: what stopping still traces is exported.
+        closers=[redis.aclose, stop_lifecycle, *closers],
+        tracing=tracing,
     )

@@ -20,6 +20,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from tidegate.core.errors import ResultTimeoutError, TidegateError
 from tidegate.gateway import call_record
 from tidegate.gateway.admission import Admission
@@ -91,6 +93,11 @@ class Inference:
     @property
     def max_body_bytes(self) -> int:
         return self._settings.max_body_bytes
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """The gateway's tracer; None when tracing is off."""
+        return self._services.tracing.tracer
 
     def shed(self) -> None:
         """Refuse at once, before a body is read, when no call could be admitted."""

@@ -23,6 +23,7 @@ from tidegate.clients.producer import PublishError, TidegateProducer
 from tidegate.core.errors import ConfigurationError
 from tidegate.core.kafka import make_admin
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.tracing import TRACING_OFF, Tracing
 
 __all__ = ["Ack", "KafkaPublisher", "RequestPublisher"]
 
@@ -58,12 +59,15 @@ class KafkaPublisher(RequestPublisher):
         registry: SchemaRegistrySettings,
         *,
         connect_timeout_s: float = 15.0,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self._kafka = kafka
         self._topics = topics
         self._connect_timeout_s = connect_timeout_s
+        # With tracing on, each request is a `send` span under the call's, its context in the
+        # request's headers.
         self._producer = TidegateProducer(
-            kafka, topics, registry, producer_extra={"error_cb": self._on_error}
+            kafka, topics, registry, producer_extra={"error_cb": self._on_error}, tracing=tracing
         )
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None

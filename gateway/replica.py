@@ -18,7 +18,10 @@ class GatewayRuntime:
         self.services = services
         settings = config.gateway
         self.router = ReplyRouter(
-            services.store, keep_s=settings.result_ttl_s, max_kept=settings.max_kept_results
+            services.store,
+            keep_s=settings.result_ttl_s,
+            max_kept=settings.max_kept_results,
+            tracer=services.tracing.tracer,
         )
         self.admission = Admission(settings.max_in_flight)
         self.router.listeners.append(self.admission.on_result)

@@ -7,6 +7,10 @@ to keep (asynchronous calls, and synchronous ones answered 504, which `keep` rem
 `result_ttl_s`) go to the result store so they can be fetched by id. Any other result nobody here
 waits for (a call of another replica that held this partition before, a duplicate) is attached
 only to a request the store already knows, which costs one Redis call and writes nothing else.
+
+With tracing on, the feed hands each reply over with the trace context its headers carry (the
+worker's span of the request), and the router records a `reply` span under it: the caller's
+trace then runs from the gateway through Kafka and the worker back to the reply.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from cachetools import TTLCache
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Tracer, get_current_span
 
 from tidegate.core.errors import TidegateError
 from tidegate.gateway import http_metrics as metrics
@@ -28,8 +34,11 @@ __all__ = ["Deliver", "ReplyFeed", "ReplyRouter"]
 
 _log = logging.getLogger(__name__)
 
-# (decoded InferenceResult, the framed bytes it was decoded from)
-Deliver = Callable[[dict[str, Any], bytes], None]
+
+class Deliver(Protocol):
+    def __call__(self, result: dict[str, Any], raw: bytes, trace: Context | None = None) -> None:
+        """Take a decoded InferenceResult, the framed bytes it was decoded from, and the trace
+        context of its message (only when tracing is on)."""
 
 
 class ReplyFeed(ABC):
@@ -53,8 +62,11 @@ class ReplyFeed(ABC):
 class ReplyRouter:
     """Futures of waiting calls by request id. Create it on the event loop it serves."""
 
-    def __init__(self, store: ResultStore, *, keep_s: float, max_kept: int) -> None:
+    def __init__(
+        self, store: ResultStore, *, keep_s: float, max_kept: int, tracer: Tracer | None = None
+    ) -> None:
         self._store = store
+        self._tracer = tracer
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._kept: TTLCache[str, bool] = TTLCache(max_kept, keep_s, timer=time.monotonic)
         self._writes: set[asyncio.Task[None]] = set()
@@ -84,20 +96,28 @@ class ReplyRouter:
     def drop(self, request_id: str) -> None:
         self._kept.pop(request_id, None)
 
-    def deliver(self, result: dict[str, Any], raw: bytes) -> None:
+    def deliver(self, result: dict[str, Any], raw: bytes, trace: Context | None = None) -> None:
         request_id = str(result["request_id"])
         future = self._waiting.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(result)
-            metrics.count_reply("awaited")
+            outcome = "awaited"
         elif self._kept.pop(request_id, None) or future is not None:
             # A call still registered but ended has just ended, almost always at its deadline:
             # it answers 504, which promises this result, and may not have said `keep` yet.
             self._write(self._store_result(request_id, raw))
-            metrics.count_reply("stored")
+            outcome = "stored"
         else:
             self._write(self._attach_result(request_id, raw))
-            metrics.count_reply("unclaimed")
+            outcome = "unclaimed"
+        metrics.count_reply(outcome)
+        if self._tracer is not None and trace is not None and _carries_trace(trace):
+            self._tracer.start_span(
+                "reply",
+                context=trace,
+                kind=SpanKind.CONSUMER,
+                attributes={"tidegate.request_id": request_id, "tidegate.reply": outcome},
+            ).end()
         for listener in self.listeners:
             listener(result)
 
@@ -111,13 +131,23 @@ class ReplyRouter:
             await self._store.save(request_id, result=raw)
         except TidegateError as exc:
             # Only a later fetch by id misses this result, and Kafka's results topic holds it.
-            _log.warning("could not store the result of %s: %s", request_id, exc)
+            _log.warning(
+                "could not store the result of %s: %s",
+                request_id,
+                exc,
+                extra={"request_id": request_id},
+            )
 
     async def _attach_result(self, request_id: str, raw: bytes) -> None:
         try:
             await self._store.attach(request_id, raw)
         except TidegateError as exc:
-            _log.warning("could not store the result of %s: %s", request_id, exc)
+            _log.warning(
+                "could not store the result of %s: %s",
+                request_id,
+                exc,
+                extra={"request_id": request_id},
+            )
 
     async def drain(self) -> None:
         """Finish pending result writes and fail nothing silently: waiting calls are cancelled."""
@@ -125,3 +155,9 @@ class ReplyRouter:
             await asyncio.gather(*self._writes, return_exceptions=True)
         for request_id in list(self._waiting):
             self.forget(request_id)
+
+
+def _carries_trace(context: Context) -> bool:
+    """Whether a reply's headers held a trace context: a reply without one (its request came
+    without, or was not sampled) starts no trace here."""
+    return get_current_span(context).get_span_context().is_valid

@@ -7,7 +7,8 @@ offset: OFFSET_END would resolve lazily, after replies may have landed). Results
 thread and handed to the event loop with `call_soon_threadsafe`, one hand-over (one wake-up of the
 loop) per batch the consumer read. The lease is renewed on the loop every `renew_every_s`; when it
 is lost the replica is not ready until it holds a partition again, possibly another one, to which
-the consumer then moves.
+the consumer then moves. With `traced` (tracing on), each reply is handed over with the trace
+context of its headers; otherwise no header is read.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from opentelemetry.context import Context
 from redis.exceptions import RedisError
 
 from tidegate.core.aio import cancel_and_wait
 from tidegate.core.errors import ConfigurationError, SerializationError
 from tidegate.core.kafka import consume_ready, make_consumer
 from tidegate.core.settings import KafkaSettings
+from tidegate.core.tracing import context_from_headers
 from tidegate.gateway.lease import PartitionLease
 from tidegate.gateway.replies import Deliver, ReplyFeed
 
@@ -32,6 +35,8 @@ __all__ = ["KafkaReplyFeed"]
 
 _log = logging.getLogger(__name__)
 _BATCH = 256
+# A decoded InferenceResult, the framed bytes it came as, and its trace context (when traced).
+Reply = tuple[dict[str, Any], bytes, Context | None]
 
 
 class KafkaReplyFeed(ReplyFeed):
@@ -45,8 +50,10 @@ class KafkaReplyFeed(ReplyFeed):
         renew_every_s: float,
         group_id: str = "tidegate-gateway",
         timeout_s: float = 10.0,
+        traced: bool = False,
     ) -> None:
         self._kafka = kafka
+        self._traced = traced
         self._topic = topic
         self._lease = lease
         self._decode = decode
@@ -154,8 +161,9 @@ class KafkaReplyFeed(ReplyFeed):
             self._assigned = None
             consumer.close()
 
-    def _decoded(self, messages: list[Message]) -> list[tuple[dict[str, Any], bytes]]:
-        replies = []
+    def _decoded(self, messages: list[Message]) -> list[Reply]:
+        replies: list[Reply] = []
+        traced = self._traced
         for msg in messages:
             if msg.error() is not None:
                 _log.warning("replies consumer: %s", msg.error())
@@ -164,16 +172,18 @@ class KafkaReplyFeed(ReplyFeed):
             if raw is None:
                 continue
             try:
-                replies.append((self._decode(raw), raw))
+                result = self._decode(raw)
             except SerializationError as exc:
                 _log.warning("undecodable reply at offset %s: %s", msg.offset(), exc)
+                continue
+            replies.append((result, raw, context_from_headers(msg.headers()) if traced else None))
         return replies
 
 
-def _deliver_all(deliver: Deliver, replies: list[tuple[dict[str, Any], bytes]]) -> None:
-    for result, raw in replies:
+def _deliver_all(deliver: Deliver, replies: list[Reply]) -> None:
+    for result, raw, trace in replies:
         # One bad reply must not cost its batch-mates their callers.
         try:
-            deliver(result, raw)
+            deliver(result, raw, trace)
         except Exception:
             _log.exception("could not deliver the reply to %s", result.get("request_id"))

@@ -1,25 +1,39 @@
 """The HTTP edge of inference: an `InferCall` read from a request, and an `Outcome` or a stored
 result rendered as the response (V2 JSON, Triton binary outputs, or a problem), with the metrics
 of the call. Everything HTTP about an inference call is here; `tidegate.gateway.infer` does the
-rest on plain values."""
+rest on plain values.
+
+With tracing on, each call is a server span (continuing a caller's `traceparent`), current while
+the core publishes the request and waits, and ended once the reply made the response. A caller
+that hangs up while sending its body is answered 499 (nobody reads it) with one INFO line.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from starlette.requests import ClientDisconnect
 
 from tidegate.core.errors import ResultTimeoutError, TidegateError
+from tidegate.core.tracing import context_from_http
 from tidegate.gateway import http_metrics as metrics
 from tidegate.gateway.body import read_body
 from tidegate.gateway.call_record import REQUEST_TIMEOUT, location
-from tidegate.gateway.infer import InferCall, Inference, Outcome
+from tidegate.gateway.infer import UNKNOWN_MODEL, InferCall, Inference, Outcome
 from tidegate.gateway.problems import error_problem
 from tidegate.gateway.responses import render_result
 from tidegate.schemas.v2_binary import HEADER_LENGTH
 
-__all__ = ["fetch", "infer", "prefers_async", "respond"]
+__all__ = ["CLIENT_GONE", "fetch", "infer", "prefers_async", "respond"]
+
+_log = logging.getLogger(__name__)
+
+CLIENT_GONE = 499
+"""The status (nginx's) of a call whose caller hung up before its body was read: no one reads it."""
 
 
 def prefers_async(request: Request) -> bool:
@@ -33,12 +47,53 @@ def prefers_async(request: Request) -> bool:
 async def infer(
     inference: Inference, request: Request, model: str, version: str | None
 ) -> Response:
+    tracer = inference.tracer
+    if tracer is None:
+        response, _ = await _infer(inference, request, model, version)
+        return response
+    return await _traced(tracer, inference, request, model, version)
+
+
+async def _traced(
+    tracer: Tracer, inference: Inference, request: Request, model: str, version: str | None
+) -> Response:
+    route = "/v2/models/{model}/versions/{version}/infer" if version else "/v2/models/{model}/infer"
+    with tracer.start_as_current_span(
+        f"POST {route}",
+        context=context_from_http(request.headers),
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.request.method": "POST",
+            "http.route": route,
+            "url.path": request.url.path,
+            "tidegate.model": model,
+        },
+    ) as span:
+        response, request_id = await _infer(inference, request, model, version)
+        span.set_attribute("http.response.status_code", response.status_code)
+        if request_id is not None:
+            span.set_attribute("tidegate.request_id", request_id)
+        if response.status_code >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        return response
+
+
+async def _infer(
+    inference: Inference, request: Request, model: str, version: str | None
+) -> tuple[Response, str | None]:
+    """The response, and the request id when the call got that far."""
     started = time.perf_counter()
     try:
         inference.shed()
         body = await read_body(request, inference.max_body_bytes)
     except TidegateError as exc:
         outcome = Outcome(None, error=exc)
+    except ClientDisconnect:
+        # Not the server's fault and nobody reads the answer: a traceback (two, with uvicorn's)
+        # per hang-up only buried real errors under load.
+        _log.info("the client went away while sending the body of %s", request.url.path)
+        metrics.count_request(UNKNOWN_MODEL, "", CLIENT_GONE)
+        return Response(status_code=CLIENT_GONE), None
     else:
         headers = request.headers
         call = InferCall(
@@ -54,7 +109,7 @@ async def infer(
     metrics.count_request(outcome.model, outcome.version, response.status_code)
     if response.status_code != 202:
         metrics.observe_latency(outcome.model, time.perf_counter() - started)
-    return response
+    return response, outcome.request_id
 
 
 def respond(outcome: Outcome, path: str) -> Response:

@@ -30,6 +30,7 @@ from confluent_kafka.schema_registry import (
     topic_subject_name_strategy,
 )
 from confluent_kafka.serialization import Deserializer, SerializationContext, Serializer
+from fastavro.read import SchemaResolutionError
 
 from tidegate.core.errors import (
     RegistryUnavailableError,
@@ -150,6 +151,13 @@ class AvroDecoder(Deserializer):
             record = fastavro.schemaless_reader(
                 buf, writer, reader, return_record_name=self._return_record_name
             )
+        except SchemaResolutionError as exc:
+            # fastavro's message quotes both schemas whole (20 KB for InferenceResult), which
+            # every log line and dead-letter envelope of the message would repeat: name them.
+            raise SchemaMismatchError(
+                f"writer schema {schema_id} ({_name(writer)}) cannot be read as "
+                f"{_name(reader if reader is not None else writer)}"
+            ) from exc
         except Exception as exc:  # truncated or garbled bodies surface as many exception types
             raise SchemaMismatchError(
                 f"body does not match writer schema {schema_id}: {type(exc).__name__}: {exc}"
@@ -188,6 +196,15 @@ class AvroDecoder(Deserializer):
                 self._writers.pop(next(iter(self._writers)))
             self._writers[schema_id] = entry
         return entry
+
+
+def _name(parsed: Any) -> str:
+    """A parsed schema's full name, or its type when it has none (a primitive, a union)."""
+    if isinstance(parsed, dict):
+        return str(parsed.get("name") or parsed.get("type"))
+    if isinstance(parsed, list):
+        return "a union"
+    return str(parsed)
 
 
 def _canonical(parsed: Any) -> str:

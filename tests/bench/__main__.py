@@ -2,14 +2,22 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`) runs one part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`) runs one part.
 """
 
 from __future__ import annotations
 
 import sys
 
-from tests.bench import codec, faust_vs_confluent, lifecycle, pipeline, profile, versus
+from tests.bench import (
+    codec,
+    faust_vs_confluent,
+    lifecycle,
+    pipeline,
+    profile,
+    tracing_cost,
+    versus,
+)
 
 PARTS = {
     "codec": codec.run,
@@ -18,6 +26,7 @@ PARTS = {
     "lifecycle": lifecycle.run,
     "versus": versus.run,
     "profile": profile.run,
+    "tracing": tracing_cost.run,
 }
 
 

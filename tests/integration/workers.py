@@ -34,6 +34,7 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.core.tracing import Tracing
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
@@ -115,14 +116,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> ModelSettings:
 
 
 def registered(models: ModelSettings, *versions: str) -> list[ev.Payload]:
-    """ModelRegistered and ArtifactValidated of each stored version of `tiny`."""
+    """ModelRegistered (with the signature, as `tidegate models register` writes it, so a gateway
+    can check requests) and ArtifactValidated of each stored version of `tiny`."""
     store = LocalArtifactStore(models)
     out: list[ev.Payload] = []
     for version in versions:
         files = asyncio.run(store.manifest("tiny", version)).files
         uri = f"file://{store.package_dir('tiny', version)}"
         out += [
-            ev.ModelRegistered(version, "onnx", uri, dict(files)),
+            ev.ModelRegistered(
+                version, "onnx", uri, dict(files), signature_json=SIGNATURE.model_dump_json()
+            ),
             ev.ArtifactValidated(version),
         ]
     return out
@@ -284,9 +288,14 @@ class Reader:
 
 @asynccontextmanager
 async def running(
-    stack: Stack, models: ModelSettings, loader: ModelLoader | None = None, **settings: Any
+    stack: Stack,
+    models: ModelSettings,
+    loader: ModelLoader | None = None,
+    tracing: Tracing | None = None,
+    **settings: Any,
 ) -> AsyncIterator[RunningWorker]:
-    """The worker as `tidegate worker` assembles it (with an optional fake model loader)."""
+    """The worker as `tidegate worker` assembles it (with an optional fake model loader and
+    tracing of the test's own)."""
     config = WorkerConfig(
         worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0, **settings),
         kafka=stack.kafka,
@@ -295,7 +304,7 @@ async def running(
         registry=stack.registry,
         postgres=stack.pg,
     )
-    async with running_worker(config, loader=loader) as worker:
+    async with running_worker(config, loader=loader, tracing=tracing) as worker:
         yield worker
 
 

@@ -1,18 +1,24 @@
 """The gateway integration tests' shared set-up: topics of each test's own (4 partitions, 4 reply
 partitions) with their subjects, and the models the fake worker serves, appended as lifecycle events
 through `LifecycleLog` (into the test's own database schema) so the gateway reads them from the
-lifecycle topic. A test module takes the fixtures by name: `topics = gateway_fixtures.topics`."""
+lifecycle topic. A test module takes the fixtures by name: `topics = gateway_fixtures.topics`.
+`GatewayServer` runs one replica with uvicorn in a thread, on a free port."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+import uvicorn
 
 from tests.integration.fakes import register_subjects
+from tests.support import wait_for
 from tests.unit.gateway_harness import ECHO, FRAUD
 from tidegate.core.settings import (
     KafkaSettings,
@@ -20,6 +26,9 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.gateway.app import create_app
+from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
+from tidegate.gateway.replica import GatewayRuntime
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
@@ -28,7 +37,7 @@ from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.signature import Signature
 
-__all__ = ["fraud_body", "lifecycle", "served", "topic_env", "topics"]
+__all__ = ["GatewayServer", "fraud_body", "lifecycle", "served", "topic_env", "topics"]
 
 
 @pytest.fixture
@@ -109,3 +118,39 @@ def fraud_body(rows: int = 2, **extra: Any) -> dict[str, Any]:
         "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
         **extra,
     }
+
+
+class GatewayServer:
+    """One gateway replica served by uvicorn in a thread, on a free port."""
+
+    def __init__(self, config: GatewayConfig, services: ServicesFactory = kafka_services) -> None:
+        self.app = create_app(config, services)
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_config=None, lifespan="on", timeout_graceful_shutdown=5)
+        )
+        self._thread = threading.Thread(target=self._server.run, args=([self._sock],), daemon=True)
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    @property
+    def runtime(self) -> GatewayRuntime:
+        runtime: GatewayRuntime = self.app.state.gateway
+        return runtime
+
+    def start(self) -> GatewayServer:
+        self._thread.start()
+        wait_for(
+            lambda: self.http.get("/v2/health/ready").status_code == 200,
+            timeout=30,
+            what=f"gateway on {self.url} to be ready",
+        )
+        return self
+
+    def stop(self) -> None:
+        self.http.close()
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+        self._sock.close()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,12 +21,11 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.http as httpclient
-import uvicorn
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.fakes import FakeWorker
 from tests.integration.gateway import gateway_fixtures
-from tests.integration.gateway.gateway_fixtures import fraud_body
+from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
 from tests.support import unique, wait_for
 from tidegate.core.settings import (
     KafkaSettings,
@@ -37,7 +34,6 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
-from tidegate.gateway.app import create_app
 from tidegate.gateway.backends import (
     GatewayConfig,
     GatewayServices,
@@ -46,7 +42,6 @@ from tidegate.gateway.backends import (
 )
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.lease import lease_key
-from tidegate.gateway.replica import GatewayRuntime
 from tidegate.gateway.result_store import ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
@@ -55,42 +50,6 @@ from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 topics = gateway_fixtures.topics
 lifecycle = gateway_fixtures.lifecycle
-
-
-class GatewayServer:
-    """One gateway replica served by uvicorn in a thread, on a free port."""
-
-    def __init__(self, config: GatewayConfig, services: ServicesFactory = kafka_services) -> None:
-        self.app = create_app(config, services)
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.port = int(self._sock.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(
-            uvicorn.Config(self.app, log_config=None, lifespan="on", timeout_graceful_shutdown=5)
-        )
-        self._thread = threading.Thread(target=self._server.run, args=([self._sock],), daemon=True)
-        self.http = httpx.Client(base_url=self.url, timeout=30)
-
-    @property
-    def runtime(self) -> GatewayRuntime:
-        runtime: GatewayRuntime = self.app.state.gateway
-        return runtime
-
-    def start(self) -> GatewayServer:
-        self._thread.start()
-        wait_for(
-            lambda: self.http.get("/v2/health/ready").status_code == 200,
-            timeout=30,
-            what=f"gateway on {self.url} to be ready",
-        )
-        return self
-
-    def stop(self) -> None:
-        self.http.close()
-        self._server.should_exit = True
-        self._thread.join(timeout=20)
-        self._sock.close()
 
 
 @pytest.fixture

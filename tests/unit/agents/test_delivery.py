@@ -72,7 +72,9 @@ class Publisher:
         self.results.append(result)
         return str(result["request_id"]).encode()
 
-    def result(self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack) -> int:
+    def result(
+        self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack, headers: Any = None
+    ) -> int:
         self.pending.append(ack)
         return 1
 

@@ -61,7 +61,9 @@ class Publisher:
     def encode_result(self, result: dict[str, Any]) -> bytes:
         return str(result["request_id"]).encode()
 
-    def result(self, value: bytes, key: bytes | None, reply_to: Any, ack: Any) -> int:
+    def result(
+        self, value: bytes, key: bytes | None, reply_to: Any, ack: Any, headers: Any = None
+    ) -> int:
         assert ack is None, "exactly-once needs no acknowledgement per message"
         self.producer.produce(TOPICS.results, key=key, value=value)
         return 1

@@ -33,6 +33,7 @@ from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.errors import RegistryUnavailableError
 from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.tracing import TRACING_OFF, Tracing
 
 
 def rid(partition: int, offset: int) -> str:
@@ -64,6 +65,7 @@ class WorkerPublisher(delivery.Publisher):
     def __init__(self) -> None:
         super().__init__()
         self.acks: dict[str, Ack] = {}
+        self.headers: dict[str, Any] = {}
         self.polls = 0
         self.flushes = 0
 
@@ -79,8 +81,11 @@ class WorkerPublisher(delivery.Publisher):
         self.flushes += 1
         return 0
 
-    def result(self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack) -> int:
+    def result(
+        self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack, headers: Any = None
+    ) -> int:
         self.acks[value.decode()] = ack
+        self.headers[value.decode()] = headers
         return 1
 
     def ack(self, *rids: str, err: KafkaError | None = None) -> None:
@@ -301,6 +306,7 @@ class Harness:
         drain_timeout_s: float = 2.0,
         consumer_extra: dict[str, Any] | None = None,
         process: Callable[..., Any] = delivery.handler,
+        tracing: Tracing = TRACING_OFF,
         **settings: Any,
     ) -> InferenceWorker:
         self._monkeypatch.setattr(worker_module, "AvroDecoder", lambda *_: decoder)
@@ -330,6 +336,7 @@ class Harness:
             drain_timeout_s=drain_timeout_s,
             poll_timeout_s=0.02,
             consumer_extra=consumer_extra,
+            tracing=tracing,
         )
         await self.worker.start()
         return self.worker

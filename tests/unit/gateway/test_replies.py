@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from tests.unit.gateway_harness import MemoryStore
+from tidegate.core.settings import TracingSettings
+from tidegate.core.tracing import context_from_headers, span_headers, start_tracing
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.result_store import StoredRequest
@@ -141,3 +145,25 @@ async def test_a_redelivered_reply_answers_its_caller_once() -> None:
     await asyncio.sleep(0)
     assert not later.done()
     replies.forget("dup")
+
+
+async def test_with_tracing_a_reply_is_a_span_under_the_workers_context() -> None:
+    exporter = InMemorySpanExporter()
+    tracer = start_tracing(TracingSettings(enabled=True), "gateway", exporter=exporter).tracer
+    assert tracer is not None
+    worker_span = tracer.start_span("process requests")
+    carried = context_from_headers(span_headers(worker_span))
+    replies = ReplyRouter(MemoryStore(), keep_s=60.0, max_kept=10, tracer=tracer)
+    future = replies.expect("traced")
+    replies.deliver({"request_id": "traced"}, b"raw", carried)
+    replies.deliver({"request_id": "untraced"}, b"raw")  # a reply without context: no span
+    await future
+    await replies.drain()
+    (reply,) = exporter.get_finished_spans()
+    assert reply.name == "reply"
+    assert reply.parent is not None
+    assert reply.parent.span_id == worker_span.get_span_context().span_id
+    assert dict(reply.attributes or {}) == {
+        "tidegate.request_id": "traced",
+        "tidegate.reply": "awaited",
+    }

@@ -254,3 +254,16 @@ def test_encoder_without_auto_register_needs_the_subject(client: SchemaRegistryC
     encoder = AvroEncoder(client, load_schema(INFERENCE_REQUEST))
     with pytest.raises((SchemaNotFoundError, SubjectNotFoundError)):
         encoder(SAMPLES[INFERENCE_REQUEST], ctx("never-registered"))
+
+
+def test_a_writer_of_another_type_is_named_not_quoted(client: SchemaRegistryClient) -> None:
+    """fastavro's resolution error quotes both schemas whole (about 20 KB): every poison pill's
+    log line and dead-letter envelope repeated them."""
+    schema_id = client.register_schema("other-value", Schema(load_schema(INFERENCE_RESULT).text))
+    with pytest.raises(SchemaMismatchError) as caught:
+        AvroDecoder(client, load_schema(INFERENCE_REQUEST))(pack(schema_id, b"\x00" * 40))
+    message = str(caught.value)
+    assert message == (
+        f"writer schema {schema_id} (dev.tidegate.inference.InferenceResult) cannot be read as "
+        "dev.tidegate.inference.InferenceRequest"
+    )
