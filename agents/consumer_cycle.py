@@ -27,7 +27,14 @@ _METADATA_EVERY_S = 1.0
 
 
 class ConsumerCycle:
-    def __init__(self, consumer: Consumer, *, poll_timeout_s: float, group_metadata: bool) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        *,
+        poll_timeout_s: float,
+        group_metadata: bool,
+        fetch_window_s: float = 0.0,
+    ) -> None:
         self.consumer = consumer
         self.paused = False
         # The consumer's group metadata, for exactly-once commits. Asked for from another
@@ -36,6 +43,7 @@ class ConsumerCycle:
         self.group_metadata: Any = None
         self._want_metadata = group_metadata
         self._poll_timeout = poll_timeout_s
+        self._window = fetch_window_s
         self._lag_at = 0.0
         self._metadata_at = 0.0
 
@@ -67,7 +75,7 @@ class ConsumerCycle:
         if now - self._lag_at >= _LAG_EVERY_S:
             self._lag_at = now
             self._refresh_lag()
-        batch = consume_ready(consumer, room, self._poll_timeout)
+        batch = consume_ready(consumer, room, self._poll_timeout, self._window)
         # After the poll: a rebalance it ran is already in the generation read here.
         if self._want_metadata and time.monotonic() - self._metadata_at >= _METADATA_EVERY_S:
             self._metadata_at = time.monotonic()

@@ -140,7 +140,10 @@ class InferenceWorker:
         extra = {"client.id": client_id, **self._consumer_extra}
         self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
         self._cycler = ConsumerCycle(
-            self._consumer, poll_timeout_s=self._poll_timeout, group_metadata=self._exactly_once
+            self._consumer,
+            poll_timeout_s=self._poll_timeout,
+            group_metadata=self._exactly_once,
+            fetch_window_s=self.settings.fetch_window_ms / 1000.0,
         )
         self._consumer.subscribe(
             [self.topics.requests],

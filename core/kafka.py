@@ -112,15 +112,19 @@ def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) 
     return AdminClient(admin_config(settings, extra))
 
 
-def consume_ready(consumer: Consumer, max_messages: int, timeout: float) -> list[Message]:
-    """Wait up to `timeout` for one message, then take whatever else is already there.
+def consume_ready(
+    consumer: Consumer, max_messages: int, timeout: float, window: float = 0.0
+) -> list[Message]:
+    """Wait up to `timeout` for one message, then collect more for up to `window` seconds (0:
+    take whatever else is already there).
 
     `Consumer.consume(n, timeout)` waits the whole timeout unless n messages arrive, which adds that
-    timeout to the latency of every message on a quiet topic.
+    timeout to the latency of every message on a quiet topic; the window starts only once a
+    message is there.
     """
     first = consumer.poll(timeout)
     if first is None:
         return []
     if max_messages <= 1:
         return [first]
-    return [first, *consumer.consume(num_messages=max_messages - 1, timeout=0)]
+    return [first, *consumer.consume(num_messages=max_messages - 1, timeout=window)]
