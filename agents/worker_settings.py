@@ -31,9 +31,9 @@ class WorkerSettings(BaseSettings):
         5.0,
         ge=0,
         le=1000,
-        description="How long a poll keeps collecting requests after its first, in milliseconds "
-        "(0: take what is there): larger batches and less CPU per request under load, at up to "
-        "that much latency. A fast model is rarely busy, so batches would otherwise hold one.",
+        description="While requests arrive faster than they are read (a poll found more than "
+        "one), how long it keeps collecting, in milliseconds (0: never): larger batches and less "
+        "CPU per request under load; a lone request goes at once.",
     )
     delivery: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",

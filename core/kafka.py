@@ -115,16 +115,20 @@ def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) 
 def consume_ready(
     consumer: Consumer, max_messages: int, timeout: float, window: float = 0.0
 ) -> list[Message]:
-    """Wait up to `timeout` for one message, then collect more for up to `window` seconds (0:
-    take whatever else is already there).
+    """Wait up to `timeout` for one message and take whatever else is already there; when that
+    was more than one, messages are arriving faster than they are read: collect more for up to
+    `window` seconds.
 
     `Consumer.consume(n, timeout)` waits the whole timeout unless n messages arrive, which adds that
-    timeout to the latency of every message on a quiet topic; the window starts only once a
-    message is there.
+    timeout to the latency of every message on a quiet topic; the window opens only under load.
     """
     first = consumer.poll(timeout)
     if first is None:
         return []
     if max_messages <= 1:
         return [first]
-    return [first, *consumer.consume(num_messages=max_messages - 1, timeout=window)]
+    rest = consumer.consume(num_messages=max_messages - 1, timeout=0)
+    room = max_messages - 1 - len(rest)
+    if window > 0 and rest and room > 0:
+        rest.extend(consumer.consume(num_messages=room, timeout=window))
+    return [first, *rest]

@@ -29,9 +29,12 @@ __all__ = ["BARS", "STEP_S", "kafka_attempt", "run", "wait_group_settled"]
 STEP_S = 6.0
 BARS = {"fraud": 0.100, "minilm": 1.0}
 RATES = {
-    "fraud": [250, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000],
+    "fraud": [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000, 6000],
     "minilm": [20, 40, 80, 120, 160, 180, 200, 220, 250],
 }
+# minilm's steps are fractions of its measured model limit, so the sweep can reach the bar (0.9)
+# whatever this machine's limit is that day; two workers may pass the limit of one runtime.
+MINILM_STEPS = (0.1, 0.25, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 
 
 def model_limit(model: str) -> tuple[float, int]:
@@ -105,9 +108,11 @@ def transport_limit(count: int = 40_000) -> float:
     return relayed / elapsed
 
 
-def _sweep(model: str, attempt: Callable[[float], LoadResult]) -> tuple[float, list[LoadResult]]:
+def _sweep(
+    model: str, attempt: Callable[[float], LoadResult], rates: list[int] | None = None
+) -> tuple[float, list[LoadResult]]:
     best, runs = 0.0, []
-    for rate in RATES[model]:
+    for rate in rates or RATES[model]:
         result = attempt(float(rate))
         runs.append(result)
         ok = not result.lost and not result.errors and result.p(0.99) <= BARS[model] * 1000
@@ -207,14 +212,15 @@ def run() -> None:
         load = KafkaLoad()
         load.start(lambda i: fraud_record(i, unique("warm")))
         with load:
-            for model in ("fraud", "minilm"):
+            minilm = [max(1, round(limits["minilm"][0] * f)) for f in MINILM_STEPS]
+            for model, rates in (("fraud", RATES["fraud"]), ("minilm", minilm)):
                 print(f"pipeline: Kafka path, {model}")
                 sustained[f"kafka {model}"], _ = _sweep(
-                    model, functools.partial(kafka_attempt, load, model, unique("b"))
+                    model, functools.partial(kafka_attempt, load, model, unique("b")), rates
                 )
                 print(f"pipeline: HTTP path, {model}")
                 sustained[f"http {model}"], _ = _sweep(
-                    model, functools.partial(_http_attempt, model, base)
+                    model, functools.partial(_http_attempt, model, base), rates
                 )
     finally:
         for child in children:
@@ -222,7 +228,7 @@ def run() -> None:
 
     s = sustained
     ratios = [
-        ("minilm Kafka path / model limit", s["kafka minilm"] / limits["minilm"][0], "bar 0.85"),
+        ("minilm Kafka path / model limit", s["kafka minilm"] / limits["minilm"][0], "bar 0.90"),
         ("fraud Kafka path / transport limit", s["kafka fraud"] / transport, "bar 0.50"),
         ("fraud HTTP path / Kafka path", s["http fraud"] / max(s["kafka fraud"], 1), ""),
         ("minilm HTTP path / Kafka path", s["http minilm"] / max(s["kafka minilm"], 1), ""),

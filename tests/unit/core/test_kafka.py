@@ -1,4 +1,5 @@
-"""`consume_ready`: wait for the first message only, then collect for the fetch window."""
+"""`consume_ready`: wait for the first message only, take what is there, and collect for the
+fetch window only while messages arrive faster than they are read."""
 
 from __future__ import annotations
 
@@ -8,38 +9,54 @@ from tidegate.core.kafka import consume_ready
 
 
 class Recording:
-    def __init__(self, first: object | None, rest: list[object]) -> None:
-        self.first, self.rest = first, rest
+    """A consumer whose queue holds `ready` now; `later` arrives during a consume's wait."""
+
+    def __init__(self, first: str | None, ready: list[str], later: list[str] | None = None) -> None:
+        self.first, self.ready, self.later = first, ready, later or []
         self.calls: list[tuple[str, Any]] = []
 
-    def poll(self, timeout: float) -> object | None:
+    def poll(self, timeout: float) -> str | None:
         self.calls.append(("poll", timeout))
         return self.first
 
-    def consume(self, num_messages: int, timeout: float) -> list[object]:
+    def consume(self, num_messages: int, timeout: float) -> list[str]:
         self.calls.append(("consume", (num_messages, timeout)))
-        return self.rest[:num_messages]
+        if timeout > 0:
+            self.ready += self.later
+            self.later = []
+        taken, self.ready = self.ready[:num_messages], self.ready[num_messages:]
+        return taken
 
 
-def test_after_the_first_message_the_window_collects_more() -> None:
-    consumer = Recording("m0", ["m1", "m2"])
-    assert consume_ready(consumer, 500, 0.1, 0.005) == ["m0", "m1", "m2"]  # type: ignore[arg-type,comparison-overlap]
-    assert consumer.calls == [("poll", 0.1), ("consume", (499, 0.005))]
+def take(consumer: Recording, room: int, window: float = 0.0) -> list[str]:
+    return consume_ready(consumer, room, 0.1, window)  # type: ignore[arg-type,return-value]
+
+
+def test_under_load_the_window_collects_more() -> None:
+    consumer = Recording("m0", ["m1"], later=["m2", "m3"])
+    assert take(consumer, 500, 0.005) == ["m0", "m1", "m2", "m3"]
+    assert consumer.calls == [("poll", 0.1), ("consume", (499, 0)), ("consume", (498, 0.005))]
+
+
+def test_a_lone_message_goes_at_once() -> None:
+    consumer = Recording("m0", [], later=["m1"])
+    assert take(consumer, 500, 0.005) == ["m0"], "a quiet topic paid the window"
+    assert consumer.calls == [("poll", 0.1), ("consume", (499, 0))]
 
 
 def test_without_a_window_only_what_is_there_is_taken() -> None:
-    consumer = Recording("m0", ["m1"])
-    assert consume_ready(consumer, 500, 0.1) == ["m0", "m1"]  # type: ignore[arg-type,comparison-overlap]
-    assert consumer.calls[-1] == ("consume", (499, 0.0))
+    consumer = Recording("m0", ["m1"], later=["m2"])
+    assert take(consumer, 500) == ["m0", "m1"]
+    assert consumer.calls[-1] == ("consume", (499, 0))
 
 
 def test_a_quiet_topic_waits_only_for_the_poll() -> None:
     consumer = Recording(None, ["never"])
-    assert consume_ready(consumer, 500, 0.1, 0.005) == []  # type: ignore[arg-type]
-    assert consumer.calls == [("poll", 0.1)], "the window must not add to a quiet topic's wait"
-
-
-def test_room_for_one_takes_one() -> None:
-    consumer = Recording("m0", ["m1"])
-    assert consume_ready(consumer, 1, 0.1, 0.005) == ["m0"]  # type: ignore[arg-type,comparison-overlap]
+    assert take(consumer, 500, 0.005) == []
     assert consumer.calls == [("poll", 0.1)]
+
+
+def test_the_room_is_never_exceeded() -> None:
+    consumer = Recording("m0", ["m1", "m2"], later=["m3"])
+    assert take(consumer, 3, 0.005) == ["m0", "m1", "m2"]
+    assert take(Recording("m0", ["m1"]), 1, 0.005) == ["m0"]
