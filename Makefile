@@ -10,7 +10,7 @@ STAMP   := $(VAR)/stamps
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup up down status models test test-unit test-integration lint fmt typecheck demo bench clean
+.PHONY: help setup up down status observe models test test-unit test-integration lint fmt typecheck demo bench clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,9 @@ up: setup ## Start Kafka, the schema registry, PostgreSQL and Redis (idempotent)
 down: ## Stop what `make up` and `make demo DEMO_ARGS=--keep` started (by PID file).
 	-test -x $(BIN)/tidegate && $(BIN)/tidegate demo-stop
 	bash infra/stack.sh down
+
+observe: setup ## Like `up`, plus a local Prometheus on :9090 scraping the gateway, workers and controller, with the alert rules.
+	TIDEGATE_STACK_SERVICES=kafka,registry,postgres,redis,prometheus bash infra/stack.sh up
 
 status: ## Show each server and each topic of the local stack.
 	bash infra/stack.sh status

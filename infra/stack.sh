@@ -14,7 +14,8 @@
 # TIDEGATE_STACK_REGISTRY_PORT, TIDEGATE_STACK_SERVICES (default kafka,registry,postgres,redis),
 # TIDEGATE_STACK_{KAFKA,PG,REDIS,REGISTRY}_TIMEOUT, TIDEGATE_STACK_STOP_TIMEOUT,
 # TIDEGATE_STACK_KAFKA_HEAP (default 1g), TIDEGATE_STACK_KAFKA_CONFIG (extra server.properties
-# lines).
+# lines). `prometheus` in TIDEGATE_STACK_SERVICES (`make observe`) adds a local Prometheus
+# (TIDEGATE_STACK_PROMETHEUS_{PORT,TARGETS,SCRAPE}, infra/prometheus.sh).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -28,6 +29,8 @@ source "$here/postgres.sh"
 source "$here/redis.sh"
 # shellcheck source=infra/registry.sh
 source "$here/registry.sh"
+# shellcheck source=infra/prometheus.sh
+source "$here/prometheus.sh"
 
 stack_topics() {
   local out
@@ -52,11 +55,14 @@ stack_up() {
     stack_topics
   fi
   if enabled registry; then registry_up; fi
+  if enabled prometheus; then prom_up; fi
   log "stack: up ($STACK_SERVICES; state in $STACK_VAR)"
 }
 
 # Reverse dependency order: the registry writes to Kafka, so it goes first.
 stack_down() {
+  # Started only on request (`make observe`), so stopped whenever it runs.
+  if enabled prometheus || prom_pid >/dev/null 2>&1; then prom_stop; fi
   if enabled registry; then registry_stop; fi
   if enabled kafka; then kafka_stop; fi
   if enabled redis; then redis_stop; fi
@@ -70,6 +76,7 @@ stack_status() {
   if enabled registry; then registry_status || failed=1; fi
   if enabled postgres; then pg_status || failed=1; fi
   if enabled redis; then redis_status || failed=1; fi
+  if enabled prometheus || prom_pid >/dev/null 2>&1; then prom_status || failed=1; fi
   if enabled kafka && kafka_any_running; then
     echo
     "$STACK_BIN/tidegate" stack status || failed=1

@@ -37,15 +37,16 @@ RATES = {
 MINILM_STEPS = (0.1, 0.25, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5)
 
 
-def model_limit(model: str) -> tuple[float, int]:
-    """Best rows/s of the in-process runtime over batch sizes, and the batch size that gave it."""
+def model_limit(model: str, device: str = "auto") -> tuple[float, int, str]:
+    """Best rows/s of the in-process runtime over batch sizes, the batch size that gave it, and
+    the device it ran on (auto: CUDA when present)."""
     from tidegate.models.model_settings import ModelSettings
     from tidegate.models.runtime import load_package
     from tidegate.models.store import LocalArtifactStore
 
-    settings = ModelSettings()
+    settings = ModelSettings(device=device)
 
-    async def measure() -> tuple[float, int]:
+    async def measure() -> tuple[float, int, str]:
         runtime = await load_package(LocalArtifactStore(settings), model, "1", settings)
         best = (0.0, 0)
         for batch in (1, 8, 16, 32, 64):
@@ -61,8 +62,9 @@ def model_limit(model: str) -> tuple[float, int]:
                 done += batch
             rate = done / (time.perf_counter() - start)
             best = max(best, (rate, batch))
+        used = str(runtime.device)
         await runtime.on_unload()
-        return best
+        return best[0], best[1], used
 
     return asyncio.run(measure())
 
@@ -173,8 +175,14 @@ def run() -> None:
 
     print("\npipeline: model limit")
     limits = {m: model_limit(m) for m in ("fraud", "minilm")}
-    for model, (rate, batch) in limits.items():
-        print(f"  {model:<8} {rate:>10,.0f} rows/s at batch {batch}")
+    for model, (rate, batch, device) in limits.items():
+        print(f"  {model:<8} {rate:>10,.0f} rows/s at batch {batch} on {device}")
+        if device == "cuda":  # a GPU host: the same model on the CPU, for the GPU's factor
+            cpu, cpu_batch, _ = model_limit(model, "cpu")
+            print(
+                f"  {model:<8} {cpu:>10,.0f} rows/s at batch {cpu_batch} on cpu "
+                f"(the GPU: {rate / cpu:.1f}x)"
+            )
     print("pipeline: transport limit (bare confluent-kafka relay)")
     transport = transport_limit()
     print(f"  relay    {transport:>10,.0f} msgs/s")
