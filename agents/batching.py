@@ -198,9 +198,6 @@ class KeyedBatcher(Generic[T, R]):
             self._queues[key] = queue
         queue.submit(item)
 
-    def queued(self) -> int:
-        return sum(len(queue) for queue in self._queues.values())
-
     async def stop(self) -> None:
         self._closed = True
         queues, self._queues = list(self._queues.values()), {}

@@ -198,7 +198,6 @@ class TransactionalSink:
         self._open = False
         self._committing = False
         self._lock = asyncio.Lock()
-        self.commits = 0
 
     def add(self, entry: SinkEntry) -> None:
         entry.tracker.expect(entry.offset)
@@ -236,7 +235,6 @@ class TransactionalSink:
             finally:
                 self._committing = False
             self._open = False
-            self.commits += 1
             self._on_committed(offsets)
         self.flush()
         return True

@@ -95,7 +95,6 @@ class InferenceWorker:
         }
         self._exactly_once = settings.delivery == "exactly-once"
         self._pipelines: dict[int, PartitionPipeline] = {}
-        self._in_flight = 0
         self._commit_at = 0.0
         self._committed: dict[int, int] = {}
         self._txn_positions: dict[int, int] = {}
@@ -263,7 +262,7 @@ class InferenceWorker:
 
     async def _fetch(self) -> None:
         while not self._stopping.is_set():
-            in_flight = self._in_flight = sum(p.tracker.in_flight for p in self._pipelines.values())
+            in_flight = sum(p.tracker.in_flight for p in self._pipelines.values())
             metrics.IN_FLIGHT.set(in_flight)
             pause = in_flight >= self.settings.max_in_flight or (
                 self._cycler.paused and in_flight > self.settings.max_in_flight // 2

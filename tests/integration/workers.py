@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import struct
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -259,6 +261,31 @@ def publish(stack: Stack, items: Sequence[dict[str, Any] | tuple[str, bytes]]) -
             key, value = item["routing_key"], stack.encoder.encode(item, schema_id)
         producer.produce(stack.topics.requests, key=key, value=value)
     assert producer.flush(30) == 0
+
+
+class Waves:
+    """Waves of 40 keyed requests (16 keys), published as a producer would; every id is kept."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.ids: list[str] = []
+
+    def send(self) -> None:
+        batch = [request(f"w{len(self.ids) // 40:03d}-{i}", f"k{i % 16}") for i in range(40)]
+        self.ids.extend(b["request_id"] for b in batch)
+        publish(self.stack, batch)
+
+
+def stop_workers(*procs: subprocess.Popen[bytes]) -> None:
+    """SIGTERM every worker process still running, then wait for each (SIGKILL after 60 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 class Reader:

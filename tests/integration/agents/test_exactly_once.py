@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections import Counter
 from typing import Any
@@ -17,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.integration import workers
 from tests.integration.agents.test_worker import start_worker
-from tests.integration.workers import Stack, publish, request
+from tests.integration.workers import Stack, Waves, stop_workers
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_consumer
 from tidegate.models.model_settings import ModelSettings
@@ -68,12 +67,8 @@ def kill_one_of_two_mid_stream(
     uncommitted = Results(stack, "read_uncommitted")
     first = start_worker(stack, models, TIDEGATE_WORKER_WORKER_ID="first", **env)
     second = start_worker(stack, models, TIDEGATE_WORKER_WORKER_ID="second", **env)
-    ids: list[str] = []
-
-    def wave() -> None:
-        batch = [request(f"w{len(ids) // 40:03d}-{i}", f"k{i % 16}") for i in range(40)]
-        ids.extend(b["request_id"] for b in batch)
-        publish(stack, batch)
+    waves = Waves(stack)
+    wave, ids = waves.send, waves.ids
 
     def serving() -> set[str]:
         wave()
@@ -99,14 +94,7 @@ def kill_one_of_two_mid_stream(
         )
         wait_for(lambda: wanted <= set(uncommitted.poll()), timeout=30, what="every record")
     finally:
-        for proc in (first, second):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in (first, second):
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_workers(first, second)
     return committed, uncommitted, ids
 
 

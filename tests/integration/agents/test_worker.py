@@ -29,11 +29,13 @@ from tests.integration.workers import (
     SIGNATURE,
     Reader,
     Stack,
+    Waves,
     eventually,
     in_thread,
     publish,
     request,
     running,
+    stop_workers,
 )
 from tests.support import free_port, unique, wait_for
 from tidegate.agents.assembly import WorkerConfig, running_worker
@@ -299,12 +301,8 @@ def test_a_killed_worker_loses_nothing(stack: Stack, models: ModelSettings) -> N
     results = Reader(stack, stack.topics.results)
     first = start_worker(stack, models, TIDEGATE_WORKER_WORKER_ID="first")
     second = start_worker(stack, models, TIDEGATE_WORKER_WORKER_ID="second")
-    ids: list[str] = []
-
-    def wave() -> None:
-        batch = [request(f"w{len(ids) // 40:03d}-{i}", f"k{i % 16}") for i in range(40)]
-        ids.extend(b["request_id"] for b in batch)
-        publish(stack, batch)
+    waves = Waves(stack)
+    wave, ids = waves.send, waves.ids
 
     def serving() -> set[str]:
         wave()
@@ -327,14 +325,7 @@ def test_a_killed_worker_loses_nothing(stack: Stack, models: ModelSettings) -> N
             what="a result for every request",
         )
     finally:
-        for proc in (first, second):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in (first, second):
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_workers(first, second)
     later = set(ids[killed_at:])
     after = {
         r["source"]["partition"]
