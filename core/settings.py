@@ -111,6 +111,13 @@ class TopicSettings(BaseSettings):
     poison: str = Field(
         "inference-poison-pill", description="Quarantine for messages that cannot be decoded."
     )
+    retry_prefix: str = Field(
+        "inference-retry",
+        description="Retry topics are `<prefix>-1` .. `<prefix>-<retry_levels>`, one per delay.",
+    )
+    retry_levels: int = Field(
+        3, ge=0, le=10, description="Retry topics to create: the most retries a policy may use."
+    )
     lifecycle: str = Field("model-lifecycle", description="Event log of the model lifecycle.")
     audit: str = Field("audit-log", description="Audit trail of operator actions.")
     shadow: str = Field(
@@ -134,6 +141,13 @@ class TopicSettings(BaseSettings):
         ge=-1,
         description="Retention of the failed and poison topics, long enough to replay them.",
     )
+
+    def retry_topic(self, level: int) -> str:
+        """The retry topic of delay level `level` (1-based)."""
+        return f"{self.retry_prefix}-{level}"
+
+    def retry_topics(self) -> list[str]:
+        return [self.retry_topic(level) for level in range(1, self.retry_levels + 1)]
 
 
 class SchemaRegistrySettings(BaseSettings):

@@ -93,6 +93,12 @@ def topic_specs(
         ),
         TopicSpec(topics.failed, topics.dlq_partitions, rf, _deleting(topics.dlq_retention_ms)),
         TopicSpec(topics.poison, topics.dlq_partitions, rf, _deleting(topics.dlq_retention_ms)),
+        # Retry topics hold requests waiting out a delay: as many partitions as the dead-letter
+        # topics, and kept as long, since a delay may outlast a worker outage.
+        *(
+            TopicSpec(topic, topics.dlq_partitions, rf, _deleting(topics.dlq_retention_ms))
+            for topic in topics.retry_topics()
+        ),
         # The lifecycle is event-sourced: its state is rebuilt by replaying the whole topic, so it
         # is never compacted (compaction would drop history) and never expires. One partition
         # keeps a single total order of events.

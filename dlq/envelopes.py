@@ -52,8 +52,12 @@ def dead_letter(
     request_id: str | None = None,
     model: str | None = None,
     worker_id: str | None = None,
+    origin: Mapping[str, Any] | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
+    retry_at_ms: int | None = None,
 ) -> dict[str, Any]:
-    """A `DeadLetterEnvelope` record for one message that could not be processed."""
+    """A `DeadLetterEnvelope` record for one message that could not be processed (or, with
+    `retry_at_ms`, that waits on a retry topic)."""
     return {
         "original_key": key,
         "original_value": value,
@@ -67,4 +71,7 @@ def dead_letter(
         "request_id": request_id,
         "model": model,
         "worker_id": worker_id,
+        "origin": dict(origin) if origin is not None else None,
+        "history": [dict(item) for item in history],
+        "retry_at": retry_at_ms,
     }

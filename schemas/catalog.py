@@ -77,6 +77,7 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
         f"{topics.replies}-value": INFERENCE_RESULT,
         f"{topics.failed}-value": DEAD_LETTER_ENVELOPE,
         f"{topics.poison}-value": DEAD_LETTER_ENVELOPE,
+        **{f"{topic}-value": DEAD_LETTER_ENVELOPE for topic in topics.retry_topics()},
         f"{topics.lifecycle}-value": MODEL_LIFECYCLE_EVENT,
         f"{topics.shadow}-value": SHADOW_COMPARISON,
     }

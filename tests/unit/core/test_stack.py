@@ -35,6 +35,7 @@ def test_every_topic_of_the_settings_is_specified_once() -> None:
         topics.replies,
         topics.failed,
         topics.poison,
+        *topics.retry_topics(),
         topics.lifecycle,
         topics.audit,
         topics.shadow,

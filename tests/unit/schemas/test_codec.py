@@ -86,6 +86,19 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "tenant": "acme",
         "routing_key": "card-42",
         "completed_at": NOW,
+        "request_schema_id": 7,
+        "request_digest": "00ff",
+        "attempt": 2,
+        "origin": {"topic": "inference-requests", "partition": 3, "offset": 12},
+        "history": [
+            {
+                "kind": "retry",
+                "at": NOW,
+                "from": {"topic": "inference-retry-1", "partition": 0, "offset": 4},
+                "id": None,
+                "reason": "MODEL_UNAVAILABLE",
+            }
+        ],
     },
     MODEL_LIFECYCLE_EVENT: {
         "event_id": "e-1",
@@ -126,6 +139,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "request_id": None,
         "model": None,
         "worker_id": "w-2",
+        "origin": None,
+        "history": [],
+        "retry_at": NOW,
     },
 }
 
