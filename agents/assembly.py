@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidegate.agents.dataplane import InferenceService
+from tidegate.agents.failures import default_router
 from tidegate.agents.loaded import ModelCache, ModelLoader, store_loader
 from tidegate.agents.shadow import ShadowRunner
 from tidegate.agents.version_manager import VersionManager
@@ -30,6 +31,7 @@ from tidegate.core.settings import (
 )
 from tidegate.core.telemetry import get_logger
 from tidegate.core.tracing import Tracing, start_tracing
+from tidegate.dlq.failure_settings import FailureSettings
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
@@ -54,6 +56,7 @@ class WorkerConfig:
     postgres: PostgresSettings = field(default_factory=PostgresSettings)
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    failure: FailureSettings = field(default_factory=FailureSettings)
 
 
 @dataclass
@@ -129,8 +132,14 @@ async def running_worker(
             max_in_flight=config.worker.shadow_max_in_flight,
         )
         stack.push_async_callback(shadow.stop)
+        failure = default_router(config.topics, worker_id, config.failure)
         service = InferenceService(
-            feed, versions, worker_id=worker_id, shadow=shadow, tracer=tracing.tracer
+            feed,
+            versions,
+            worker_id=worker_id,
+            shadow=shadow,
+            tracer=tracing.tracer,
+            timeout_s=failure.policy.timeout_s,
         )
         worker = InferenceWorker(
             service,
@@ -140,6 +149,7 @@ async def running_worker(
             registry=config.registry,
             consumer_extra=consumer_extra,
             tracing=tracing,
+            failures=failure,
         )
         holder.append(worker)
         await worker.start()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ from tidegate.core.errors import (
     InvalidInputError,
     ModelExecutionError,
     ModelNotFoundError,
+    ModelTimeoutError,
     RetriableError,
     TidegateError,
 )
@@ -88,6 +89,7 @@ class InferenceService:
         worker_id: str,
         shadow: ShadowRunner | None = None,
         tracer: Tracer | None = None,
+        timeout_s: Callable[[str], float] | None = None,
     ) -> None:
         self.tables = tables
         self.models = models
@@ -95,6 +97,8 @@ class InferenceService:
         self.shadow = shadow
         # Each model call is a span when tracing is on (under the worker's batch span).
         self.tracer = tracer
+        # A model's batch timeout (the failure policy's); None: no timeout.
+        self.timeout_s = timeout_s
         self._checks = SignatureChecks()
 
     async def process(
@@ -211,10 +215,10 @@ class InferenceService:
         rows = sum(m.rows for m in members)
         started = time.perf_counter()
         if self.tracer is None:
-            outputs = await model.runtime.infer(inputs)
+            outputs = await self._run(model, inputs)
         else:
             with compute_span(self.tracer, model.name, model.version, rows, len(members)):
-                outputs = await model.runtime.infer(inputs)
+                outputs = await self._run(model, inputs)
         seconds = time.perf_counter() - started
         metrics.compute(model.name, model.version).observe(seconds)
         metrics.sub_batch_size(model.name, model.version).observe(len(members))
@@ -226,6 +230,23 @@ class InferenceService:
         if missing:
             raise RowCountError(f"the model gave no output {sorted(missing)[0]!r}")
         return outputs, seconds * 1000.0
+
+    async def _run(
+        self, model: LoadedModel, inputs: dict[str, npt.NDArray[Any]]
+    ) -> dict[str, npt.NDArray[Any]]:
+        if self.timeout_s is None:
+            return await model.runtime.infer(inputs)
+        limit = self.timeout_s(model.name)
+        try:
+            return await asyncio.wait_for(model.runtime.infer(inputs), limit)
+        except TimeoutError:
+            # The call may still hold the runtime's thread: the runtime gets a fresh one, so
+            # the version's next batches do not queue behind a call that never returns.
+            model.runtime.abandon()
+            metrics.MODEL_TIMEOUTS.labels(model.name, model.version).inc()
+            raise ModelTimeoutError(
+                f"{model.name} version {model.version} ran past its {limit:.3g} s timeout"
+            ) from None
 
     def _failed_member(
         self, model: LoadedModel, member: _Member, exc: BaseException, size: int
@@ -344,7 +365,16 @@ def _shadow_jobs(
 
 
 def _group_key(model: LoadedModel, member: _Member) -> Hashable:
-    if not model.batchable:
+    if not model.batchable or _timed_out_before(member.task):
         return (model.name, model.version, member.index)
     shapes = tuple(sorted((name, a.shape[1:]) for name, a in member.arrays.items()))
     return (model.name, model.version, shapes)
+
+
+def _timed_out_before(task: InferenceTask) -> bool:
+    """A request retried after a timeout runs alone: whichever input of its batch hung the model,
+    it cannot time out the same batch-mates again."""
+    lineage = task.lineage
+    return lineage is not None and any(
+        step.get("reason") == ModelTimeoutError.code for step in lineage.history
+    )

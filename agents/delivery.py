@@ -38,6 +38,7 @@ Ack = Callable[[KafkaError | None, Message], None]
 _RECORD_UNIONS = (
     ("source", "dev.tidegate.common.SourcePosition"),
     ("error", "dev.tidegate.common.ErrorInfo"),
+    ("origin", "dev.tidegate.common.SourcePosition"),
 )
 
 
@@ -61,6 +62,7 @@ class Publisher:
             self.topics.failed: self._letters,
             self.topics.poison: self._letters,
             self.topics.shadow: self._shadow,
+            **{topic: self._letters for topic in self.topics.retry_topics()},
         }
         for topic, encoder in wanted.items():
             subject = f"{topic}-value"

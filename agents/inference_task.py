@@ -11,6 +11,7 @@ import numpy.typing as npt
 from opentelemetry.trace import Span
 
 from tidegate.core.errors import TidegateError
+from tidegate.dlq.redelivery import Lineage
 
 __all__ = ["InferenceTask", "epoch_ms"]
 
@@ -31,7 +32,9 @@ class InferenceTask:
     `arrays` holds the inputs already converted to numpy (None when they could not be), and
     `rejection` an error that answers the request without any compute (a malformed tensor).
     `attempts` counts the model runs this request took part in, for dead-letter envelopes.
-    `span` is the request's span while the worker holds it, when tracing is on.
+    `span` is the request's span while the worker holds it, when tracing is on. `lineage` is
+    the delivery history a retried, redriven or replayed request carries (None: first delivery);
+    `schema_id` and `digest` identify what the request was written as, for the lineage index.
     """
 
     request: dict[str, Any]
@@ -42,6 +45,9 @@ class InferenceTask:
     rejection: TidegateError | None = None
     attempts: int = 0
     span: Span | None = None
+    lineage: Lineage | None = None
+    schema_id: int | None = None
+    digest: str | None = None
 
     @property
     def request_id(self) -> str:

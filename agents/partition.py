@@ -18,18 +18,19 @@ from typing import Any
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.decoding import KafkaMessage, RequestDecoder
+from tidegate.agents.failures import FailureRouter, KeyHolds
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.result_builders import FAILED_STATUSES, error_result
+from tidegate.agents.result_builders import error_result
 from tidegate.agents.sinks import ResultSink, SinkEntry
-from tidegate.core.settings import TopicSettings
 from tidegate.core.telemetry import get_logger
-from tidegate.dlq.envelopes import dead_letter, error_info, source_position
+from tidegate.dlq.envelopes import error_info
 
 __all__ = ["PartitionPipeline", "Slot", "hand_over"]
 
 log = get_logger(__name__)
 Result = dict[str, Any]
+_REHOLD_MS = 100
 
 
 @dataclass(slots=True, eq=False)
@@ -51,8 +52,7 @@ class PartitionPipeline:
         *,
         decoder: RequestDecoder,
         sink: ResultSink,
-        topics: TopicSettings,
-        worker_id: str,
+        failures: FailureRouter,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -62,8 +62,8 @@ class PartitionPipeline:
         self.first_offset: int | None = None
         self._decoder = decoder
         self._sink = sink
-        self._topics = topics
-        self._worker_id = worker_id
+        self._failures = failures
+        self._holds = KeyHolds() if failures.hold_keys else None
         self._slots: deque[Slot] = deque()
 
     def accept(self, msg: KafkaMessage) -> Slot | None:
@@ -86,11 +86,13 @@ class PartitionPipeline:
                 decoded.poison,
                 extra={"request_id": task.request_id} if task is not None else None,
             )
-            self._dead_letter(self._topics.poison, msg, offset, info, task)
+            self._failures.quarantine(self._sink, self.tracker, msg, offset, info, task)
         if task is None:
             self.tracker.done(offset)
             return None
         metrics.QUEUE.observe(task.queue_ms / 1000.0)
+        if self._holds is not None and self._held(msg, offset, task):
+            return None
         slot = Slot(self, msg, offset, task)
         self._slots.append(slot)
         return slot
@@ -104,9 +106,20 @@ class PartitionPipeline:
             assert result is not None  # noqa: S101 - checked by the loop condition
             msg, task, offset = slot.msg, slot.task, slot.offset
             key = msg.key() or (task.request.get("routing_key") or task.request_id).encode()
-            sink.add(SinkEntry(tracker, offset, key, result=result, task=task))
-            if result["status"] in FAILED_STATUSES:
-                self._dead_letter(self._topics.failed, msg, offset, result["error"], task)
+            if self._holds is not None and self._held(msg, offset, task):
+                # Computed while an earlier request of its key was still in flight, which has
+                # since gone to wait for a retry: this one waits behind it, result dropped.
+                continue
+            error = result["error"]
+            retried = None
+            if error is not None:
+                retried = self._failures.failed(sink, tracker, msg, offset, task, error)
+            if retried is None:
+                sink.add(SinkEntry(tracker, offset, key, result=result, task=task))
+                if self._holds is not None:
+                    self._holds.finished(key, task.request_id)
+            elif self._holds is not None:
+                self._holds.retried(key, task.request_id, *retried)
             tracker.done(offset)
 
     async def drain(self, within_s: float) -> bool:
@@ -125,30 +138,20 @@ class PartitionPipeline:
         self.tracker.closed = True
         self._slots.clear()
 
-    def _dead_letter(
-        self,
-        topic: str,
-        msg: KafkaMessage,
-        offset: int,
-        error: Result,
-        task: InferenceTask | None,
-    ) -> None:
-        ts_type, ts = msg.timestamp()
-        envelope = dead_letter(
-            source=source_position(self.topic, self.partition, offset),
-            error=error,
-            key=msg.key(),
-            value=msg.value(),
-            headers=msg.headers(),
-            timestamp_ms=ts if ts_type and ts >= 0 else None,
-            failed_at_ms=int(time.time() * 1000),
-            attempt=task.attempts if task is not None else 1,
-            request_id=task.request_id if task is not None else None,
-            model=task.model if task is not None else None,
-            worker_id=self._worker_id,
-        )
-        self._sink.add(SinkEntry(self.tracker, offset, msg.key(), letter=(topic, envelope)))
-        metrics.DEAD_LETTERS.labels(topic, str(error["code"])).inc()
+    def _held(self, msg: KafkaMessage, offset: int, task: InferenceTask) -> bool:
+        """Hold-key ordering: send the request to wait behind an earlier one of its key."""
+        assert self._holds is not None  # noqa: S101 - called only then
+        key = msg.key() or (task.request.get("routing_key") or task.request_id).encode()
+        hold = self._holds.blocking(key, task.request_id)
+        if hold is None:
+            return False
+        self._holds.held(key, task.request_id)
+        # Due with the request it waits behind; one that comes back while that one is still
+        # being computed waits a little longer rather than circling at once.
+        due = max(hold.retry_at_ms, int(time.time() * 1000) + _REHOLD_MS)
+        self._failures.hold(self._sink, self.tracker, msg, offset, task, hold.level, due)
+        self.tracker.done(offset)
+        return True
 
 
 def hand_over(

@@ -54,6 +54,7 @@ def _base(
     now = time.time() * 1000.0
     created = task.created_ms
     request = task.request
+    lineage = task.lineage
     return {
         "request_id": task.request_id,
         "model": task.model,
@@ -74,6 +75,11 @@ def _base(
         "tenant": request.get("tenant") or "default",
         "routing_key": request.get("routing_key"),
         "completed_at": int(now),
+        "request_schema_id": task.schema_id,
+        "request_digest": task.digest,
+        "attempt": lineage.attempt if lineage is not None else 1,
+        "origin": lineage.origin if lineage is not None else None,
+        "history": lineage.history if lineage is not None else [],
     }
 
 

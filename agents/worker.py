@@ -35,6 +35,7 @@ from tidegate.agents.consumer_cycle import ConsumerCycle
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Publisher
+from tidegate.agents.failures import FailureRouter, default_router
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.worker_settings import WorkerSettings
@@ -45,6 +46,7 @@ from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.core.tracing import TRACING_OFF, Tracing
+from tidegate.dlq.retry_relay import RetryRelay
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroDecoder
 
@@ -79,8 +81,10 @@ class InferenceWorker:
         poll_timeout_s: float = 0.1,
         consumer_extra: Mapping[str, Any] | None = None,
         tracing: Tracing = TRACING_OFF,
+        failures: FailureRouter | None = None,
     ) -> None:
         self.service = service
+        self.failures = failures or default_router(topics, settings.worker_id)
         self._tracing = tracing
         self.settings = settings
         self.topics = topics
@@ -124,6 +128,9 @@ class InferenceWorker:
         self._publisher = Publisher(self._new_producer(client_id), client, self.topics)
         await asyncio.to_thread(self._start_publisher)
         self._sink = self._new_sink()
+        self._relay = self._new_relay(client)
+        if self._relay is not None:
+            await asyncio.to_thread(self._relay.start)
         self._batcher: KeyedBatcher[Slot, Result] = KeyedBatcher(
             self._compute,
             self._delivered,
@@ -162,6 +169,18 @@ class InferenceWorker:
             extra["transactional.id"] = self.transactional_id
             extra["transaction.timeout.ms"] = self.settings.transaction_timeout_ms
         return make_producer(self._kafka, extra)
+
+    def _new_relay(self, client: SchemaRegistryClient) -> RetryRelay | None:
+        if not (self.settings.retry_relay and self.topics.retry_levels):
+            return None
+        return RetryRelay(
+            self._kafka,
+            self.topics,
+            client,
+            group_id=f"{self.settings.group_id}-retry",
+            client_id=f"{self._kafka.client_id}-{self.settings.worker_id}-retry",
+            transactional_id=f"{self.transactional_id}-retry" if self._exactly_once else None,
+        )
 
     def _start_publisher(self) -> None:
         self._publisher.start()
@@ -226,6 +245,8 @@ class InferenceWorker:
             log.warning("%d messages not acknowledged at shutdown", left)
         await cancel_and_wait(self._tasks)
         await asyncio.to_thread(self._thread.stop)
+        if self._relay is not None:
+            await asyncio.to_thread(self._relay.stop)
         metrics.IN_FLIGHT.set(0)
         if not self._failed.done():
             self._failed.set_result(None)
@@ -262,6 +283,8 @@ class InferenceWorker:
 
     async def _fetch(self) -> None:
         while not self._stopping.is_set():
+            if self._relay is not None and self._relay.failed is not None:
+                raise self._relay.failed
             in_flight = sum(p.tracker.in_flight for p in self._pipelines.values())
             metrics.IN_FLIGHT.set(in_flight)
             pause = in_flight >= self.settings.max_in_flight or (
@@ -383,8 +406,7 @@ class InferenceWorker:
             partition,
             decoder=self._decoder,
             sink=self._sink,
-            topics=self.topics,
-            worker_id=self.settings.worker_id,
+            failures=self.failures,
         )
 
     async def _assigned(self, partitions: list[int]) -> None:

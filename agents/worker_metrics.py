@@ -19,8 +19,10 @@ __all__ = [
     "END_TO_END",
     "IN_FLIGHT",
     "LOADED_VERSIONS",
+    "MODEL_TIMEOUTS",
     "QUEUE",
     "REQUESTS",
+    "RETRIES",
     "SHADOW_COMPARED",
     "SHADOW_SKIPPED",
     "SUB_BATCH_SIZE",
@@ -34,6 +36,16 @@ __all__ = [
 ]
 
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+MODEL_TIMEOUTS = Counter(
+    "tidegate_worker_model_timeouts",
+    "Batches that ran past their model's timeout, by model and version.",
+    ["model", "version"],
+)
+RETRIES = Counter(
+    "tidegate_worker_retries",
+    "Requests sent to a retry topic, by model, error code and retry level.",
+    ["model", "code", "level"],
+)
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _SLOW = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

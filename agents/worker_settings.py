@@ -65,6 +65,11 @@ class WorkerSettings(BaseSettings):
         description="Worker processes `tidegate worker` runs on this host, all in the one group "
         "(default: one per core).",
     )
+    retry_relay: bool = Field(
+        True,
+        description="Run the retry relay in this process: it sends requests waiting on the "
+        "retry topics back to their partitions when due (group `<group_id>-retry`).",
+    )
     metrics_port: int = Field(
         9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: none)."
     )

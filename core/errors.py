@@ -15,6 +15,7 @@ __all__ = [
     "ArtifactIntegrityError",
     "ConcurrencyConflictError",
     "ConfigurationError",
+    "CrashLoopError",
     "DeadlineExceededError",
     "FatalError",
     "IncompatibleSchemaError",
@@ -29,6 +30,7 @@ __all__ = [
     "MalformedRequestError",
     "ModelExecutionError",
     "ModelNotFoundError",
+    "ModelTimeoutError",
     "ModelUnavailableError",
     "OverloadedError",
     "PromotionGateError",
@@ -208,6 +210,18 @@ class ModelUnavailableError(InferenceError, RetriableError):
     """The model cannot serve right now (loading, unloading, or its worker is gone)."""
 
     code = "UNAVAILABLE"
+
+
+class ModelTimeoutError(InferenceError, RetriableError):
+    """A batch ran past its model's timeout; its members may succeed in another batch."""
+
+    code = "MODEL_TIMEOUT"
+
+
+class CrashLoopError(InferenceError, FatalError):
+    """Processing this message killed a worker process again and again: it is quarantined."""
+
+    code = "CRASH_LOOP"
 
 
 class OverloadedError(InferenceError, RetriableError):

@@ -129,10 +129,15 @@ def redelivery_headers(
 
 
 def retries_since_redrive(history: Iterable[Mapping[str, Any]]) -> int:
-    """Retries since the last redrive or replay: a redrive after a fix starts a fresh budget."""
+    """Retries since the last redrive or replay: a redrive after a fix starts a fresh budget.
+    A `hold` (waiting behind an earlier request of the key) is not a retry."""
     count = 0
     for item in history:
-        count = count + 1 if item.get("kind") == "retry" else 0
+        kind = item.get("kind")
+        if kind == "retry":
+            count += 1
+        elif kind in ("redrive", "replay"):
+            count = 0
     return count
 
 

@@ -37,3 +37,7 @@ class ModelRuntime(ABC):
 
     async def on_unload(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release the model and its device memory."""
+
+    def abandon(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """A call ran past its timeout and its caller gave up on it: later calls must not wait
+        behind it (a runtime with its own thread moves to a fresh one)."""

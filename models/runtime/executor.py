@@ -49,6 +49,9 @@ _log = logging.getLogger(__name__)
 # A CUDA error can carry a page of advice (torch's CUDA_LAUNCH_BLOCKING hint); the log line keeps
 # the error itself.
 _LOGGED_ERROR_CHARS = 500
+# Hung calls a version may leave behind, each holding a thread; past this, its batches queue (and
+# time out) behind them rather than growing threads without bound.
+_MAX_ABANDONED = 4
 
 
 class ExecutorRuntime(ModelRuntime):
@@ -68,6 +71,11 @@ class ExecutorRuntime(ModelRuntime):
         # Batches waiting for a move to the CPU: none runs inline meanwhile, where it could meet
         # the model half replaced.
         self._moves_pending = 0
+        # Executors left behind by calls that timed out, until their thread returns; and whether
+        # any call ever timed out (such a version never runs inline again: an inline call
+        # cannot be timed out).
+        self._abandoned: list[ThreadPoolExecutor] = []
+        self._timed_out = False
 
     @abstractmethod
     def _load_model(self, package: ModelPackage) -> None:
@@ -142,6 +150,26 @@ class ExecutorRuntime(ModelRuntime):
         except (ModelExecutionError, InvalidInputError) as exc:
             raise ArtifactError(f"warm-up of {self.label} failed: {exc}") from exc
 
+    def abandon(self) -> None:
+        executor = self._executor
+        if executor is None or self.manifest is None:
+            return
+        self._timed_out = True
+        # `_threads` is the executor's own record of its thread; a thread that has returned
+        # from its call exits, since the executor is shut down.
+        self._abandoned = [e for e in self._abandoned if any(t.is_alive() for t in e._threads)]
+        if len(self._abandoned) >= _MAX_ABANDONED:
+            _log.error(
+                "%s: %d calls still hung past their timeout; no new thread",
+                self.label,
+                len(self._abandoned),
+            )
+            return
+        executor.shutdown(wait=False)
+        self._abandoned.append(executor)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.label}")
+        _log.warning("%s: a call ran past its timeout; later calls use a new thread", self.label)
+
     async def on_unload(self) -> None:
         executor, self._executor = self._executor, None
         if executor is None:
@@ -194,7 +222,7 @@ class ExecutorRuntime(ModelRuntime):
 
     def _inline(self) -> bool:
         average = self._average_s
-        if average is None or self._moves_pending:
+        if average is None or self._moves_pending or self._timed_out:
             return False
         return average * 1000.0 < self.settings.inline_below_ms
 

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Publisher
+from tidegate.agents.failures import default_router
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.result_builders import Timings, ok_result
@@ -130,7 +131,7 @@ async def _best_batch_us(mode: str, client: MockSchemaRegistryClient, values: li
     sink = AckedSink(publisher, worker_id="w", on_fatal=print, traced=tracer is not None)
     decoder = RequestDecoder(AvroDecoder(client, load_schema(INFERENCE_REQUEST)))
     pipe = PartitionPipeline(
-        TOPICS.requests, 0, decoder=decoder, sink=sink, topics=TOPICS, worker_id="w"
+        TOPICS.requests, 0, decoder=decoder, sink=sink, failures=default_router(TOPICS, "w")
     )
     output = [from_numpy("probabilities", np.zeros((1, 2), dtype=np.float32))]
     best = float("inf")

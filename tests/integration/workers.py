@@ -37,6 +37,7 @@ from tidegate.core.settings import (
     TopicSettings,
 )
 from tidegate.core.tracing import Tracing
+from tidegate.dlq.failure_settings import FailureSettings
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
@@ -154,6 +155,7 @@ class Stack:
             "TIDEGATE_TOPICS_POISON": self.topics.poison,
             "TIDEGATE_TOPICS_LIFECYCLE": self.topics.lifecycle,
             "TIDEGATE_TOPICS_SHADOW": self.topics.shadow,
+            "TIDEGATE_TOPICS_RETRY_PREFIX": self.topics.retry_prefix,
             "TIDEGATE_POSTGRES_DB_SCHEMA": self.pg.db_schema,
             "TIDEGATE_WORKER_GROUP_ID": self.group,
             "TIDEGATE_WORKER_METRICS_PORT": "0",
@@ -194,8 +196,10 @@ def stack(
         poison=unique("w-poison"),
         lifecycle=unique("w-lifecycle"),
         shadow=unique("w-shadow"),
+        retry_prefix=unique("w-retry"),
     )
     names = [
+        *topics.retry_topics(),
         topics.requests,
         topics.results,
         topics.replies,
@@ -296,7 +300,9 @@ class Reader:
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(4)])
         self.records: list[tuple[Any, int]] = []
         self._decode = (
-            stack.letters if topic in (stack.topics.failed, stack.topics.poison) else stack.results
+            stack.letters
+            if topic in (stack.topics.failed, stack.topics.poison, *stack.topics.retry_topics())
+            else stack.results
         )
 
     def poll(self) -> list[tuple[Any, int]]:
@@ -319,10 +325,11 @@ async def running(
     models: ModelSettings,
     loader: ModelLoader | None = None,
     tracing: Tracing | None = None,
+    failure: FailureSettings | None = None,
     **settings: Any,
 ) -> AsyncIterator[RunningWorker]:
-    """The worker as `tidegate worker` assembles it (with an optional fake model loader and
-    tracing of the test's own)."""
+    """The worker as `tidegate worker` assembles it (with an optional fake model loader, and
+    tracing and a failure policy of the test's own)."""
     config = WorkerConfig(
         worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0, **settings),
         kafka=stack.kafka,
@@ -330,6 +337,7 @@ async def running(
         models=models,
         registry=stack.registry,
         postgres=stack.pg,
+        failure=failure or FailureSettings(crash_guard=False),
     )
     async with running_worker(config, loader=loader, tracing=tracing) as worker:
         yield worker

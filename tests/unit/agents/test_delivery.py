@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from tidegate.agents.batching import KeyedBatcher
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Ack
+from tidegate.agents.failures import default_router
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.offsets import OffsetTracker
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
@@ -149,8 +150,7 @@ class Lane:
             2,
             decoder=RequestDecoder(decode),
             sink=self.sink,
-            topics=TOPICS,
-            worker_id="w",
+            failures=default_router(TOPICS, "w"),
         )
         self.batcher: KeyedBatcher[Slot, dict[str, Any]] = KeyedBatcher(
             self._compute, self._delivered, max_batch_size=4
@@ -269,7 +269,9 @@ async def test_a_failed_request_gets_an_error_result_and_a_dead_letter() -> None
     assert publisher.results[0]["status"] == "ERROR"
     ((topic, envelope),) = publisher.letters
     assert topic == TOPICS.failed
-    assert envelope["attempt"] == 3
+    # Deliveries, not the model runs bisection took: this was the request's first delivery.
+    assert envelope["attempt"] == 1
+    assert envelope["first_failed_at"] == envelope["failed_at"]
     assert envelope["error"]["code"] == "MODEL_ERROR"
     assert envelope["original_value"] == b"fail-1"
     assert envelope["model"] == "fraud"

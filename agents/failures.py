@@ -1,0 +1,226 @@
+"""Where a partition's failures go: the worker's side of the failure policy (`dlq.policy`).
+
+A failed result is answered, dead-lettered, quarantined or retried, as the policy decides from
+its error. A retried request publishes no result: its envelope goes to the retry topic of its
+next delay level, and the retry relay (`dlq.retry_relay`) sends it through the pipeline again
+when it is due, so its caller gets one answer, the final one. Envelopes carry the request's whole
+history: `attempt` counts deliveries and `first_failed_at` is the first failure's time.
+
+With `ordering="hold-key"`, while a request waits for a retry, later requests of its key are
+sent to wait behind it on the same retry topic (error code HELD_BEHIND_KEY, history kind
+`hold`), and only the oldest waiting request of a key is computed when it comes back. The holds
+are kept by the partition's owner: after a rebalance the new owner starts without them, so a
+key's order holds across retries only while its partition keeps its worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.decoding import KafkaMessage
+from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.offsets import OffsetTracker
+from tidegate.agents.sinks import ResultSink, SinkEntry
+from tidegate.core.settings import TopicSettings
+from tidegate.dlq.envelopes import dead_letter, source_position
+from tidegate.dlq.failure_settings import FailureSettings
+from tidegate.dlq.policy import ConfiguredPolicy, FailurePolicy, Verdict
+from tidegate.dlq.redelivery import retries_since_redrive
+
+__all__ = ["HELD_BEHIND_KEY", "FailureRouter", "KeyHolds", "default_router"]
+
+HELD_BEHIND_KEY = "HELD_BEHIND_KEY"
+Result = dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Hold:
+    waiting: deque[str] = field(default_factory=deque)
+    level: int = 1
+    retry_at_ms: int = 0
+
+
+class KeyHolds:
+    """The keys of one partition with a request waiting for a retry, oldest request first."""
+
+    def __init__(self) -> None:
+        self._holds: dict[bytes, _Hold] = {}
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def blocking(self, key: bytes, request_id: str) -> _Hold | None:
+        """The hold `request_id` must wait behind; None when it may be computed."""
+        hold = self._holds.get(key)
+        if hold is None or (hold.waiting and hold.waiting[0] == request_id):
+            return None
+        return hold
+
+    def retried(self, key: bytes, request_id: str, level: int, retry_at_ms: int) -> None:
+        hold = self._holds.setdefault(key, _Hold())
+        if request_id not in hold.waiting:
+            hold.waiting.append(request_id)
+        if hold.waiting[0] == request_id:
+            hold.level, hold.retry_at_ms = level, retry_at_ms
+
+    def held(self, key: bytes, request_id: str) -> None:
+        hold = self._holds[key]
+        if request_id not in hold.waiting:
+            hold.waiting.append(request_id)
+
+    def finished(self, key: bytes, request_id: str) -> None:
+        hold = self._holds.get(key)
+        if hold is None:
+            return
+        try:
+            hold.waiting.remove(request_id)
+        except ValueError:
+            return
+        if not hold.waiting:
+            del self._holds[key]
+
+
+class FailureRouter:
+    """One per worker; partitions pass it their failures and their sink entries' tracker."""
+
+    def __init__(
+        self,
+        policy: FailurePolicy,
+        topics: TopicSettings,
+        *,
+        worker_id: str,
+        hold_keys: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.hold_keys = hold_keys
+        self._topics = topics
+        self._worker_id = worker_id
+
+    def quarantine(
+        self,
+        sink: ResultSink,
+        tracker: OffsetTracker,
+        msg: KafkaMessage,
+        offset: int,
+        error: Mapping[str, Any],
+        task: InferenceTask | None,
+    ) -> None:
+        self._letter(sink, tracker, self._topics.poison, msg, offset, error, task)
+
+    def failed(
+        self,
+        sink: ResultSink,
+        tracker: OffsetTracker,
+        msg: KafkaMessage,
+        offset: int,
+        task: InferenceTask,
+        error: Mapping[str, Any],
+    ) -> tuple[int, int] | None:
+        """Route a failed result's request. None: publish its result; when it is retried
+        instead, its retry level and due time."""
+        history = task.lineage.history if task.lineage is not None else []
+        verdict = self.policy.decide(task.model, error, retries_since_redrive(history))
+        if verdict.action == "retry":
+            due = self.retry(sink, tracker, msg, offset, task, error, verdict)
+            return verdict.level, due
+        if verdict.action == "dead-letter":
+            self._letter(sink, tracker, self._topics.failed, msg, offset, error, task)
+        elif verdict.action == "quarantine":
+            self._letter(sink, tracker, self._topics.poison, msg, offset, error, task)
+        return None
+
+    def retry(
+        self,
+        sink: ResultSink,
+        tracker: OffsetTracker,
+        msg: KafkaMessage,
+        offset: int,
+        task: InferenceTask,
+        error: Mapping[str, Any],
+        verdict: Verdict,
+        retry_at_ms: int | None = None,
+    ) -> int:
+        """Send the request to wait on the retry topic of `verdict.level`; returns when it is
+        due."""
+        due = retry_at_ms or int(time.time() * 1000 + verdict.delay_s * 1000)
+        topic = self._topics.retry_topic(verdict.level)
+        self._letter(sink, tracker, topic, msg, offset, error, task, retry_at_ms=due)
+        metrics.RETRIES.labels(task.model, str(error.get("code")), str(verdict.level)).inc()
+        return due
+
+    def hold(
+        self,
+        sink: ResultSink,
+        tracker: OffsetTracker,
+        msg: KafkaMessage,
+        offset: int,
+        task: InferenceTask,
+        level: int,
+        retry_at_ms: int,
+    ) -> None:
+        """Send a request to wait behind an earlier one of its key, due just after it."""
+        error = {
+            "code": HELD_BEHIND_KEY,
+            "message": "an earlier request of the same key is waiting for a retry",
+            "error_class": "",
+            "retriable": True,
+            "field": None,
+            "details": {},
+        }
+        topic = self._topics.retry_topic(level)
+        self._letter(sink, tracker, topic, msg, offset, error, task, retry_at_ms=retry_at_ms)
+
+    def _letter(
+        self,
+        sink: ResultSink,
+        tracker: OffsetTracker,
+        topic: str,
+        msg: KafkaMessage,
+        offset: int,
+        error: Mapping[str, Any],
+        task: InferenceTask | None,
+        *,
+        retry_at_ms: int | None = None,
+    ) -> None:
+        source = task.source if task is not None and task.source else None
+        if source is None:
+            source = source_position(str(msg.topic()), msg.partition() or 0, offset)
+        lineage = task.lineage if task is not None else None
+        now = int(time.time() * 1000)
+        ts_type, ts = msg.timestamp()
+        envelope = dead_letter(
+            source=source,
+            error=error,
+            key=msg.key(),
+            value=msg.value(),
+            headers=msg.headers(),
+            timestamp_ms=ts if ts_type and ts >= 0 else None,
+            failed_at_ms=now,
+            first_failed_at_ms=(lineage.first_failed_at_ms if lineage else None) or now,
+            attempt=lineage.attempt if lineage is not None else 1,
+            request_id=task.request_id if task is not None else None,
+            model=task.model if task is not None else None,
+            worker_id=self._worker_id,
+            origin=lineage.origin if lineage is not None else None,
+            history=lineage.history if lineage is not None else (),
+            retry_at_ms=retry_at_ms,
+        )
+        sink.add(SinkEntry(tracker, offset, msg.key(), letter=(topic, envelope)))
+        if retry_at_ms is None:
+            metrics.DEAD_LETTERS.labels(topic, str(error["code"])).inc()
+
+
+def default_router(
+    topics: TopicSettings, worker_id: str, settings: FailureSettings | None = None
+) -> FailureRouter:
+    """The router of the configured policy (`TIDEGATE_FAILURE_*` by default)."""
+    settings = settings or FailureSettings()
+    policy = ConfiguredPolicy(settings, topics)
+    return FailureRouter(
+        policy, topics, worker_id=worker_id, hold_keys=settings.ordering == "hold-key"
+    )
