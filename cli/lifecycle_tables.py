@@ -141,14 +141,83 @@ def state_at_render(data: dict[str, Any]) -> RenderableType:
     return Group(routing, status_render(data["state"]))
 
 
+_SERVED_FIELDS = (
+    ("model", "model"),
+    ("version", "version"),
+    ("status", "status"),
+    ("error_code", "error"),
+    ("routing_rule", "rule"),
+    ("tenant", "tenant"),
+    ("routing_key", "routing key"),
+    ("worker_id", "worker"),
+    ("completed_at", "completed at"),
+    ("total_ms", "total ms"),
+    ("request_schema_id", "request schema id"),
+    ("request_digest", "request digest"),
+    ("attempt", "attempt"),
+)
+_SERVED_SHOWN = {"request_id", "source", "origin", "history", "conflicts"} | {
+    key for key, _ in _SERVED_FIELDS
+}
+
+
+def _position(position: Mapping[str, Any] | None) -> str:
+    """`topic:partition:offset`, as the redelivery headers write it."""
+    if not position:
+        return "-"
+    return f"{position['topic']}:{position['partition']}:{position['offset']}"
+
+
 def served_render(data: dict[str, Any]) -> RenderableType:
+    """Who served the request and how it got there: where it was read, its schema and digest,
+    the attempt, every redelivery step, and a warning when its id was reused for other
+    content; then the version's lineage and the routing table as it stood then."""
     request = data["request"]
     table = Table("field", "value", title=f"request {request['request_id']}")
-    for key, value in request.items():
-        table.add_row(key, _cell(value))
+    for key, label in _SERVED_FIELDS:
+        if key in request:
+            table.add_row(label, _cell(request[key]))
+    table.add_row("source", _position(request.get("source")))
+    origin = request.get("origin")
+    if origin and origin != request.get("source"):
+        table.add_row("origin", _position(origin))
+    for key, value in request.items():  # anything newer than this rendering
+        if key not in _SERVED_SHOWN:
+            table.add_row(key, _cell(value))
     lineage = data.get("lineage") or {}
     for key in ("artifact_uri", "registered_at", "registered_by", "promoted_at", "promoted_by"):
         if key in lineage:
             table.add_row(f"version {key}", _cell(lineage[key]))
+    parts: list[RenderableType] = [table]
+    conflicts = request.get("conflicts") or []
+    if conflicts:
+        parts.append(_conflicts_render(request, conflicts))
+    history = request.get("history") or []
+    if history:
+        steps = Table("#", "kind", "at", "from", "run", "reason", title="redelivery history")
+        for n, step in enumerate(history, 1):
+            at = (step.get("at") or "")[:23].replace("T", " ")
+            steps.add_row(
+                str(n), step["kind"], at, _position(step.get("from")),
+                _cell(step.get("id")), _cell(step.get("reason")),
+            )  # fmt: skip
+        parts.append(steps)
     at = {"at": data["state_at"], "table": data["table"], "state": data["state"]}
-    return Group(table, state_at_render(at))
+    parts.append(state_at_render(at))
+    return Group(*parts)
+
+
+def _conflicts_render(request: Mapping[str, Any], conflicts: list[dict[str, Any]]) -> Text:
+    text = Text(
+        f"CONFLICT: request id {request['request_id']} was also used for other content "
+        f"(served digest {request.get('request_digest') or '-'}); not served, only recorded:",
+        style="bold red",
+    )
+    for c in conflicts:
+        text.append(
+            f"\n  digest {c['digest']}: {c['model']} {c['version'] or '-'} {c['status']} on "
+            f"{c['worker_id'] or '-'}, read from {_position(c.get('source'))}, completed "
+            f"{c['completed_at']}, detected {c['detected_at']}",
+            style="red",
+        )
+    return text

@@ -2,13 +2,15 @@
 
 One consumer, in its own group, reads the results topic (one `served_requests` row per request:
 which version served it, when, where and under which rule) and the shadow topic (one
-`shadow_comparisons` row per candidate and request). Each poll is one batch: decoded, inserted in
-one transaction with ON CONFLICT DO NOTHING, and only after that commit are the Kafka offsets
-committed. A crash in between redelivers the batch, which the primary keys absorb: at-least-once
-delivery plus idempotent inserts give exactly one row per request.
+`shadow_comparisons` row per candidate and request). Each poll is one batch: decoded, written in
+one transaction, and only after that commit are the Kafka offsets committed. A crash in between
+redelivers the batch, which the primary keys absorb: at-least-once delivery plus idempotent
+writes give exactly one row per request. A later delivery of the same request (a retry, redrive
+or replay) may replace its row, and a request id reused for other content is recorded as a
+conflict: the rules are in `served_rows`.
 
-The live canary windows are fed from the rows the INSERT actually added (its RETURNING), so a
-redelivered result is not counted twice there either.
+The live canary windows are fed from the rows the INSERT actually created (its RETURNING), so a
+redelivered or redriven result is not counted twice there either.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from tidegate.core.db import connection
 from tidegate.core.errors import LifecycleUnavailableError, SerializationError, TidegateError
 from tidegate.core.kafka import consume_ready, make_consumer
 from tidegate.core.settings import KafkaSettings, TopicSettings
+from tidegate.lifecycle.control.served_rows import (
+    ServedBatch,
+    StoredServed,
+    served_row,
+    store_served,
+    warn_conflicts,
+)
 from tidegate.lifecycle.domain.windows import LiveWindows, ResultSample
 from tidegate.lifecycle.eventstore.event_codec import ShadowComparisonCodec
 from tidegate.schemas.catalog import INFERENCE_RESULT, load_schema
@@ -49,15 +58,6 @@ _RECORDS = Counter(
     ["kind", "outcome"],
 )
 
-_INSERT_SERVED = """
-INSERT INTO served_requests (request_id, model, version, status, worker_id, routing_rule,
-                             tenant, routing_key, completed_at, total_ms, error_code)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                     %s::text[], %s::text[], %s::timestamptz[], %s::float8[], %s::text[])
-ON CONFLICT (request_id) DO NOTHING
-RETURNING request_id
-"""
-
 _INSERT_SHADOW = """
 INSERT INTO shadow_comparisons (model, candidate_version, request_id, primary_version, kind, rows,
                                 agree_rows, abs_diff_sum, value_count, cosine_sum, primary_ms,
@@ -68,19 +68,6 @@ SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
 ON CONFLICT (model, candidate_version, request_id) DO NOTHING
 """
 
-_SERVED_COLUMNS = (
-    "request_id",
-    "model",
-    "version",
-    "status",
-    "worker_id",
-    "routing_rule",
-    "tenant",
-    "routing_key",
-    "completed_at",
-    "total_ms",
-    "error_code",
-)
 _SHADOW_COLUMNS = (
     "model",
     "candidate_version",
@@ -98,24 +85,6 @@ _SHADOW_COLUMNS = (
     "worker_id",
     "compared_at",
 )
-
-
-def served_row(result: dict[str, Any]) -> dict[str, Any]:
-    """The served_requests columns of a decoded InferenceResult."""
-    error = result.get("error")
-    return {
-        "request_id": result["request_id"],
-        "model": result["model"],
-        "version": result.get("model_version"),
-        "status": result["status"],
-        "worker_id": result.get("worker_id") or "",
-        "routing_rule": result.get("routing_rule"),
-        "tenant": result.get("tenant") or "default",
-        "routing_key": result.get("routing_key"),
-        "completed_at": result["completed_at"],
-        "total_ms": float((result.get("timings") or {}).get("total_ms") or 0.0),
-        "error_code": error.get("code") if error else None,
-    }
 
 
 def _columns(rows: list[dict[str, Any]], names: tuple[str, ...]) -> list[list[Any]]:
@@ -193,7 +162,7 @@ class Indexer:
 
     async def index(self, consumer: Consumer, messages: list[Message]) -> bool:
         """Store one batch and commit its offsets; False (and the batch rewound) on failure."""
-        served: dict[str, dict[str, Any]] = {}
+        served = ServedBatch()
         shadows: dict[tuple[str, str, str], dict[str, Any]] = {}
         ends: dict[tuple[str, int], int] = {}
         starts: dict[tuple[str, int], int] = {}
@@ -222,18 +191,21 @@ class Indexer:
                 self._rewind(consumer, starts)
                 return False
         try:
-            inserted = await self._store(list(served.values()), list(shadows.values()))
+            stored = await self._store(served, list(shadows.values()))
         except (PsycopgError, LifecycleUnavailableError) as exc:
             _log.warning("indexer cannot write to PostgreSQL, retrying: %s", exc)
             self.retries += 1
             self._rewind(consumer, starts)
             return False
-        _RECORDS.labels("result", "inserted").inc(len(inserted))
-        _RECORDS.labels("result", "duplicate").inc(len(served) - len(inserted))
+        _RECORDS.labels("result", "inserted").inc(len(stored.inserted))
+        _RECORDS.labels("result", "replaced").inc(stored.replaced)
+        _RECORDS.labels("result", "conflict").inc(len(stored.conflicts))
+        _RECORDS.labels("result", "duplicate").inc(stored.duplicates(served.results))
         _RECORDS.labels("shadow", "stored").inc(len(shadows))
+        warn_conflicts(stored.conflicts)
         self.indexed += len(valid)
         if self._windows is not None:
-            self._windows.add(_samples(served[rid] for rid in inserted))
+            self._windows.add(_samples(stored.inserted))
         offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
         if offsets:
             try:
@@ -246,31 +218,27 @@ class Indexer:
     def _decode(
         self,
         msg: Message,
-        served: dict[str, dict[str, Any]],
+        served: ServedBatch,
         shadows: dict[tuple[str, str, str], dict[str, Any]],
     ) -> None:
         raw = msg.value()
         if raw is None:
             return
         if msg.topic() == self._topics.results:
-            row = served_row(self._results(raw))
-            served.setdefault(row["request_id"], row)
+            served.add(served_row(self._results(raw)))
         else:
             record = self._shadows.decode(raw)
             key = (record["model"], record["candidate_version"], record["request_id"])
             shadows.setdefault(key, record)
 
-    async def _store(
-        self, served: list[dict[str, Any]], shadows: list[dict[str, Any]]
-    ) -> list[str]:
-        inserted: list[str] = []
+    async def _store(self, served: ServedBatch, shadows: list[dict[str, Any]]) -> StoredServed:
+        stored = StoredServed()
         async with connection(self._pool) as conn, conn.transaction():
             if served:
-                cur = await conn.execute(_INSERT_SERVED, _columns(served, _SERVED_COLUMNS))
-                inserted = [row[0] for row in await cur.fetchall()]
+                stored = await store_served(conn, served)
             if shadows:
                 await conn.execute(_INSERT_SHADOW, _columns(shadows, _SHADOW_COLUMNS))
-        return inserted
+        return stored
 
     @staticmethod
     def _rewind(consumer: Consumer, starts: dict[tuple[str, int], int]) -> None:

@@ -1,6 +1,7 @@
 """Queries over the indexed lineage: who served a request, and how a shadow candidate compares.
 
-Both read the tables the indexer fills (`infra/migrations/0003_lineage.sql`). Shadow stats are
+Both read the tables the indexer fills (`infra/migrations/0003_lineage.sql`, with the sources,
+redeliveries and request id conflicts of `0005_lineage_sources.sql`). Shadow stats are
 aggregated in SQL, over every comparison stored for the candidate, so `models compare` and the
 promotion gate see the same numbers however many workers produced them.
 
@@ -15,7 +16,7 @@ Definitions (per candidate):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -25,9 +26,41 @@ from psycopg_pool import AsyncConnectionPool
 from tidegate.core.db import connection
 from tidegate.core.errors import LifecycleUnavailableError
 
-__all__ = ["ServedRecord", "ShadowStats", "served", "shadow_stats"]
+__all__ = [
+    "Position",
+    "RequestIdConflict",
+    "ServedRecord",
+    "ShadowStats",
+    "served",
+    "shadow_stats",
+]
 
 Pool = AsyncConnectionPool[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a Kafka record was read: the SourcePosition of the result schema."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestIdConflict:
+    """Another result under the same request id, for a request with other content."""
+
+    digest: str
+    first_digest: str
+    """The served row's digest when the conflict was detected."""
+    model: str
+    version: str | None
+    status: str
+    worker_id: str
+    source: Position | None
+    completed_at: datetime
+    detected_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +76,26 @@ class ServedRecord:
     completed_at: datetime
     total_ms: float
     error_code: str | None
+    source: Position | None = None
+    """Where the request of this result was read (the retry or dead-letter topic's position
+    when it was redelivered); None for results indexed before sources were recorded."""
+    request_schema_id: int | None = None
+    request_digest: str | None = None
+    attempt: int = 1
+    origin: Position | None = None
+    """Where the request was first read, when the result comes from a redelivery."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """The Redelivery steps that led to this result, oldest first: kind (retry, redrive,
+    replay), at (ISO 8601), from (a position or None), id (the run) and reason."""
+    conflicts: list[RequestIdConflict] = field(default_factory=list)
+    """Results of other content under the same request id: not served, only recorded."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["completed_at"] = self.completed_at.isoformat()
+        for conflict in data["conflicts"]:
+            conflict["completed_at"] = conflict["completed_at"].isoformat()
+            conflict["detected_at"] = conflict["detected_at"].isoformat()
         return data
 
 
@@ -71,18 +120,50 @@ class ShadowStats:
         return asdict(self)
 
 
+_SERVED = """
+SELECT request_id, model, version, status, worker_id, routing_rule, tenant, routing_key,
+       completed_at, total_ms, error_code, source_topic, source_partition, source_offset,
+       request_schema_id, request_digest, attempt, origin_topic, origin_partition, origin_offset,
+       history
+FROM served_requests WHERE request_id = %s
+"""
+
+_CONFLICTS = """
+SELECT digest, first_digest, model, version, status, worker_id, source_topic, source_partition,
+       source_offset, completed_at, detected_at
+FROM request_id_conflicts WHERE request_id = %s ORDER BY detected_at, digest
+"""
+
+
 async def served(pool: Pool, request_id: str) -> ServedRecord | None:
-    """Which version served the request, when, on which worker and why; None if not indexed."""
+    """Which version served the request, when, on which worker and why, where it was read and
+    how it got there (its redeliveries), and any other content seen under its id; None if not
+    indexed."""
     async with connection(pool) as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            "SELECT request_id, model, version, status, worker_id, routing_rule, tenant,"
-            " routing_key, completed_at, total_ms, error_code"
-            " FROM served_requests WHERE request_id = %s",
-            (request_id,),
-        )
+        await cur.execute(_SERVED, (request_id,))
         row = await cur.fetchone()
-    return ServedRecord(**row) if row is not None else None
+        if row is None:
+            return None
+        await cur.execute(_CONFLICTS, (request_id,))
+        conflicts = [_conflict(c) for c in await cur.fetchall()]
+    source, origin = _position(row, "source"), _position(row, "origin")
+    return ServedRecord(**row, source=source, origin=origin, conflicts=conflicts)
+
+
+def _conflict(row: dict[str, Any]) -> RequestIdConflict:
+    source = _position(row, "source")
+    return RequestIdConflict(**row, source=source)
+
+
+def _position(row: dict[str, Any], prefix: str) -> Position | None:
+    """The position in a row's `<prefix>_topic/_partition/_offset` columns, which it pops."""
+    topic = row.pop(f"{prefix}_topic")
+    partition = row.pop(f"{prefix}_partition")
+    offset = row.pop(f"{prefix}_offset")
+    if topic is None or partition is None or offset is None:
+        return None
+    return Position(topic, int(partition), int(offset))
 
 
 _SHADOW_STATS = """
