@@ -30,6 +30,36 @@ class LifecycleSettings(BaseSettings):
     promote_min_samples: int = Field(
         100, ge=0, description="Fewest shadow comparisons before the agreement gate can pass."
     )
+    require_backtest: bool = Field(
+        False,
+        description="`promote` also needs a recent passing backtest of the candidate against the "
+        "current primary (`tidegate backtest`, docs/backtest.md); `--force` overrides it like "
+        "the shadow gate.",
+    )
+    backtest_min_agreement: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="Least backtest class agreement (or mean cosine similarity) the gate accepts.",
+    )
+    backtest_min_rows: int = Field(
+        100, ge=1, description="Fewest rows a backtest must compare before it can pass."
+    )
+    backtest_max_age_h: float = Field(
+        24.0, gt=0, description="A backtest older than this many hours no longer counts."
+    )
+    backtest_max_error_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Most candidate errors per request with a served result a backtest may have.",
+    )
+    backtest_max_abs_diff: float | None = Field(
+        None,
+        ge=0,
+        description="When set, the largest absolute output difference a passing backtest may "
+        "show; the only measure for models that are neither classifiers nor embeddings.",
+    )
     canary_steps: tuple[int, ...] = Field(
         (10, 50, 100), description="Default canary weights in percent, ending at 100."
     )

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
+from typing import Protocol
 
 from tidegate.core.errors import InvalidTransitionError, ModelNotFoundError, PromotionGateError
 from tidegate.lifecycle.domain import events as ev
@@ -22,9 +23,11 @@ from tidegate.lifecycle.domain.state import ModelState, VersionState, VersionSta
 
 __all__ = [
     "THRESHOLD_KEYS",
+    "BacktestFacts",
     "GateResult",
     "canary",
     "check_weights",
+    "evaluate_backtest",
     "evaluate_gate",
     "experiment",
     "known_model",
@@ -164,11 +167,12 @@ def _check_steps(steps: list[int]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class GateResult:
-    """The promotion gate's verdict on a candidate's shadow comparisons."""
+    """The promotion gate's verdict on a candidate's shadow comparisons (or its backtest)."""
 
     passed: bool
     metric: str
-    """`agreement` (classifiers), `cosine` (embeddings) or `none` (no comparison yet)."""
+    """`agreement` (classifiers), `cosine` (embeddings), `max_abs_diff` (a backtest of any other
+    model) or `none` (no comparison yet)."""
     value: float | None
     samples: int
     reason: str
@@ -197,15 +201,90 @@ def evaluate_gate(
     return GateResult(True, metric, value, samples, reason)
 
 
+class BacktestFacts(Protocol):
+    """What the backtest gate reads of a recorded backtest (`readmodels.backtests` has them)."""
+
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def baseline_versions(self) -> Sequence[str]: ...
+    @property
+    def rows_compared(self) -> int: ...
+    @property
+    def agreement(self) -> float | None: ...
+    @property
+    def mean_cosine(self) -> float | None: ...
+    @property
+    def max_abs_diff(self) -> float | None: ...
+    @property
+    def error_rate(self) -> float: ...
+
+
+def evaluate_backtest(
+    found: BacktestFacts | None,
+    *,
+    primary: str | None,
+    now: datetime,
+    min_agreement: float,
+    min_rows: int,
+    max_age_h: float,
+    max_error_rate: float,
+    max_abs_diff: float | None,
+) -> GateResult:
+    """The backtest gate, on the candidate's latest backtest: recent, against the primary it
+    would replace (results another version served say nothing about replacing this one), on
+    enough rows, with few enough candidate errors, agreeing like the shadow gate demands, and
+    within `max_abs_diff` when that is set. A model whose outputs are neither classes nor
+    embeddings has only `max_abs_diff` to be judged by, so without it such a backtest fails."""
+    if found is None:
+        return GateResult(False, "none", None, 0, "no backtest of the candidate is recorded")
+    rows = found.rows_compared
+    metric, value = ("agreement", found.agreement)
+    if value is None:
+        metric, value = ("cosine", found.mean_cosine)
+    age_h = (now - found.created_at).total_seconds() / 3600
+
+    def fail(reason: str) -> GateResult:
+        return GateResult(False, metric if value is not None else "none", value, rows, reason)
+
+    if age_h > max_age_h:
+        return fail(f"the latest backtest is {age_h:.1f} h old, older than {max_age_h:g} h")
+    if primary is not None and primary not in found.baseline_versions:
+        served = ", ".join(found.baseline_versions) or "no version"
+        return fail(f"the latest backtest compared with {served}, not the primary {primary}")
+    if rows < min_rows:
+        return fail(f"the latest backtest compared {rows} rows, fewer than {min_rows}")
+    if found.error_rate > max_error_rate:
+        return fail(f"backtest error rate {found.error_rate:.4f} exceeds {max_error_rate:.4f}")
+    if value is not None and value < min_agreement:
+        return fail(f"backtest {metric} {value:.4f} is below the gate {min_agreement:.4f}")
+    if max_abs_diff is not None:
+        worst = found.max_abs_diff
+        if worst is None or not worst <= max_abs_diff:
+            return fail(f"backtest max abs diff {worst} exceeds {max_abs_diff:g}")
+        if value is None:
+            metric, value = "max_abs_diff", worst
+    if value is None:
+        return fail("the backtest has no agreement or cosine to judge; set a max abs diff")
+    reason = f"backtest {metric} {value:.4f} passes over {rows} rows"
+    return GateResult(True, metric, value, rows, reason)
+
+
 def needs_gate(state: ModelState, version: str) -> bool:
     """Only a version replacing a primary is gated: the first version has nothing to agree with."""
     return state.primary is not None and state.primary != version
 
 
 def promote(
-    state: ModelState, version: str, gate: GateResult | None, *, force: bool
+    state: ModelState,
+    version: str,
+    gate: GateResult | None,
+    *,
+    force: bool,
+    backtest: GateResult | None = None,
 ) -> ev.Promoted:
-    """All traffic to `version`. `forced` is recorded only when `force` overrode a failed gate.
+    """All traffic to `version`. `forced` is recorded only when `force` overrode a failed gate,
+    the shadow gate or the backtest gate (`backtest`, when one is required).
 
     Promoting a version no worker has warmed is allowed: the routing table keeps sending its
     traffic to the previous primary until workers report it loaded (warm before route).
@@ -229,14 +308,13 @@ def promote(
         )
     if gate is None:
         raise InvalidTransitionError(f"promoting {state.model} {version} needs a gate verdict")
-    if not gate.passed and not force:
+    failed = [g.reason for g in (gate, backtest) if g is not None and not g.passed]
+    if failed and not force:
         raise PromotionGateError(
-            f"refusing to promote {state.model} version {version}: {gate.reason}; "
+            f"refusing to promote {state.model} version {version}: {'; '.join(failed)}; "
             "use --force to promote anyway (the event records it)"
         )
-    return ev.Promoted(
-        version, forced=not gate.passed, previous=state.primary, agreement=gate.value
-    )
+    return ev.Promoted(version, forced=bool(failed), previous=state.primary, agreement=gate.value)
 
 
 def rollback_target(state: ModelState) -> tuple[str, str]:

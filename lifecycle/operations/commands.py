@@ -14,7 +14,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ from tidegate.lifecycle.eventstore.event_store import EventStore
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.lifecycle.operations import register
 from tidegate.lifecycle.readmodels import lineage
+from tidegate.lifecycle.readmodels.backtests import latest_backtest
 from tidegate.lifecycle.readmodels.lookups import live_metrics, served_view
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.store import LocalArtifactStore
@@ -52,6 +53,8 @@ class CommandResult:
     state: ModelState
     events: list[ev.RecordedEvent] = field(default_factory=list)
     gate: decide.GateResult | None = None
+    backtest: decide.GateResult | None = None
+    """The backtest gate's verdict, when `require_backtest` asked for one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class CommandResult:
             "events": [event_view(e) for e in self.events],
             "state": state_view(self.state),
             "gate": dataclasses.asdict(self.gate) if self.gate else None,
+            "backtest": dataclasses.asdict(self.backtest) if self.backtest else None,
         }
 
 
@@ -201,16 +205,18 @@ class LifecycleCommands:
         expected_sequence: int | None = None,
     ) -> CommandResult:
         state = await self._read(model, expected_sequence)
-        gate = None
+        gate = backtest = None
         if state.sequence and decide.needs_gate(state, version):
             gate = await self.gate(model, version)
+            if self.settings.require_backtest:
+                backtest = await self.backtest_gate(model, version, state.primary)
         state, recorded = await self._decide_and_append(
             state,
-            lambda s: [decide.promote(s, version, gate, force=force)],
+            lambda s: [decide.promote(s, version, gate, force=force, backtest=backtest)],
             actor,
             expected_sequence,
         )
-        return CommandResult(_after(state, recorded), recorded, gate)
+        return CommandResult(_after(state, recorded), recorded, gate, backtest)
 
     async def rollback(
         self,
@@ -301,6 +307,22 @@ class LifecycleCommands:
         """The promotion gate's verdict on the candidate's shadow comparisons."""
         gate: dict[str, Any] = (await self.compare(model, candidate))["gate"]
         return decide.GateResult(**gate)
+
+    async def backtest_gate(
+        self, model: str, candidate: str, primary: str | None
+    ) -> decide.GateResult:
+        """The backtest gate's verdict on the candidate's latest recorded backtest."""
+        s = self.settings
+        return decide.evaluate_backtest(
+            await latest_backtest(self.pool, model, candidate),
+            primary=primary,
+            now=datetime.now(UTC),
+            min_agreement=s.backtest_min_agreement,
+            min_rows=s.backtest_min_rows,
+            max_age_h=s.backtest_max_age_h,
+            max_error_rate=s.backtest_max_error_rate,
+            max_abs_diff=s.backtest_max_abs_diff,
+        )
 
     async def compare(self, model: str, candidate: str) -> dict[str, Any]:
         """The candidate's shadow comparison stats of its latest shadow run, against the current
