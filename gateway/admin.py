@@ -27,6 +27,7 @@ from tidegate.core.errors import (
     TidegateError,
 )
 from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.dlq_api import install_dlq
 from tidegate.gateway.problems import error_problem, validation_problem
 from tidegate.lifecycle.domain.parse import parse_at
 from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
@@ -88,6 +89,7 @@ def install_admin(app: FastAPI, commands: LifecycleCommands | None = None) -> No
     if commands is not None:
         app.state.admin_commands = commands
     app.include_router(router)
+    install_dlq(app)
 
 
 AdminFactory = Callable[[GatewayConfig], AbstractAsyncContextManager[LifecycleCommands]]
