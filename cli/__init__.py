@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from tidegate.cli import demo, produce, served
+from tidegate.cli import backtest_commands, demo, produce, replay_commands, served
+from tidegate.cli import dlq_commands as dlq
 from tidegate.cli import model_commands as models
 from tidegate.cli import schema_commands as schemas
 from tidegate.cli import serve_controller as controller
@@ -34,6 +35,12 @@ app.command(
 )(controller.controller)
 app.command("served", help="Which version served a request, where, when and why.")(served.served)
 app.command("produce", help="Publish requests from a JSON Lines file.")(produce.produce)
+app.command("replay", help="Re-run recorded requests on a version into a results topic.")(
+    replay_commands.replay
+)
+app.command("backtest", help="Re-score a time range on a candidate version, next to what served.")(
+    backtest_commands.backtest_command
+)
 app.command("demo", help="Run the pipeline end to end on the local stack.")(demo.demo)
 app.command("demo-stop", help="Stop what `tidegate demo --keep` left running.")(demo.demo_stop)
 app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
@@ -41,6 +48,7 @@ app.add_typer(stack.app, name="stack", help="Health checks and topics of the loc
 app.add_typer(
     models.app, name="models", help="Register, roll out, roll back and inspect model versions."
 )
+app.add_typer(dlq.app, name="dlq", help="Inspect and redrive the dead-letter topics.")
 
 
 def main() -> None:
