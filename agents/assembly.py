@@ -15,6 +15,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from redis.asyncio import Redis
+
+from tidegate.agents.crash_guard import CrashGuard
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.failures import default_router
 from tidegate.agents.loaded import ModelCache, ModelLoader, store_loader
@@ -25,6 +29,7 @@ from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
+    RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
     TracingSettings,
@@ -32,13 +37,21 @@ from tidegate.core.settings import (
 from tidegate.core.telemetry import get_logger
 from tidegate.core.tracing import Tracing, start_tracing
 from tidegate.dlq.failure_settings import FailureSettings
+from tidegate.dlq.retry_relay import RetryRelay
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.lifecycle.readmodels.feed import LifecycleFeed
 from tidegate.models.model_settings import ModelSettings
 
-__all__ = ["CATCH_UP_S", "RunningWorker", "WorkerConfig", "running_worker"]
+__all__ = [
+    "CATCH_UP_S",
+    "RunningWorker",
+    "WorkerConfig",
+    "crash_guard",
+    "retry_relay",
+    "running_worker",
+]
 
 log = get_logger(__name__)
 
@@ -57,6 +70,7 @@ class WorkerConfig:
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     failure: FailureSettings = field(default_factory=FailureSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
 
 
 @dataclass
@@ -141,6 +155,9 @@ async def running_worker(
             tracer=tracing.tracer,
             timeout_s=failure.policy.timeout_s,
         )
+        guard = crash_guard(config)
+        if guard is not None:
+            stack.push_async_callback(guard.close)
         worker = InferenceWorker(
             service,
             settings=config.worker,
@@ -150,6 +167,8 @@ async def running_worker(
             consumer_extra=consumer_extra,
             tracing=tracing,
             failures=failure,
+            crash_guard=guard,
+            relay=retry_relay(config),
         )
         holder.append(worker)
         await worker.start()
@@ -162,3 +181,40 @@ async def running_worker(
             ", ".join(f"{n}:{v}" for n, v in versions.cache.loaded()) or "none",
         )
         yield RunningWorker(feed, versions, shadow, service, worker)
+
+
+def crash_guard(config: WorkerConfig) -> CrashGuard | None:
+    """The crash guard of `config.failure` (None when it is off), on its own Redis client: short
+    timeouts, since a poll waits for its write."""
+    if not config.failure.crash_guard:
+        return None
+    secret = config.redis.password
+    redis = Redis.from_url(
+        config.redis.url,
+        password=secret.get_secret_value() if secret else None,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+    )
+    return CrashGuard(
+        redis,
+        group_id=config.worker.group_id,
+        topic=config.topics.requests,
+        crash_limit=config.failure.crash_limit,
+    )
+
+
+def retry_relay(config: WorkerConfig) -> RetryRelay | None:
+    """The worker process's retry relay; None when it runs none."""
+    worker, topics, kafka = config.worker, config.topics, config.kafka
+    if not (worker.retry_relay and topics.retry_levels):
+        return None
+    exactly_once = worker.delivery == "exactly-once"
+    transactional = worker.transactional_id or f"{worker.group_id}-{worker.worker_id}"
+    return RetryRelay(
+        kafka,
+        topics,
+        SchemaRegistryClient(config.registry.client_config()),
+        group_id=f"{worker.group_id}-retry",
+        client_id=f"{kafka.client_id}-{worker.worker_id}-retry",
+        transactional_id=f"{transactional}-retry" if exactly_once else None,
+    )

@@ -16,7 +16,7 @@ from tidegate.agents import worker_metrics as metrics
 from tidegate.core.kafka import consume_ready
 from tidegate.core.telemetry import get_logger
 
-__all__ = ["ConsumerCycle"]
+__all__ = ["ConsumerCycle", "highest_offsets"]
 
 log = get_logger(__name__)
 
@@ -100,3 +100,13 @@ class ConsumerCycle:
             _, high = consumer.get_watermark_offsets(tp, cached=True)
             if tp.offset >= 0 and high >= 0:
                 metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(high - tp.offset)
+
+
+def highest_offsets(batch: list[Message]) -> dict[int, int]:
+    """The highest offset per partition of a poll's messages."""
+    highest: dict[int, int] = {}
+    for msg in batch:
+        partition, offset = msg.partition(), msg.offset()
+        if partition is not None and offset is not None and offset > highest.get(partition, -1):
+            highest[partition] = offset
+    return highest

@@ -11,6 +11,8 @@ agent starts, and in which order, is `tidegate.agents.assembly.running_worker`.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -20,8 +22,14 @@ from faust.app.base import BootStrategy
 from mode import Service, ServiceT
 
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
+from tidegate.core.aio import LoopWatchdog
+from tidegate.core.telemetry import get_logger
 
-__all__ = ["InferenceAgent", "WorkerConfig", "create_app", "run_worker"]
+__all__ = ["STALL_EXIT", "InferenceAgent", "WorkerConfig", "create_app", "run_worker"]
+
+log = get_logger(__name__)
+STALL_EXIT = 70
+"""The exit status of a worker process whose event loop stalled (EX_SOFTWARE)."""
 
 
 class _HotPathBoot(BootStrategy):
@@ -63,6 +71,11 @@ class InferenceAgent(Service):
                 self._stack.callback(thread.join, 5)
                 self._stack.callback(server.shutdown)
             self.running = await self._stack.enter_async_context(running_worker(self.config))
+            limit = self.config.worker.stall_exit_s
+            if limit:
+                watchdog = LoopWatchdog(limit, _exit_stalled)
+                watchdog.start()
+                self._stack.push_async_callback(watchdog.stop)
         except BaseException:
             await self._stack.aclose()
             raise
@@ -78,6 +91,15 @@ class InferenceAgent(Service):
 
     async def on_stop(self) -> None:
         await self._stack.aclose()
+
+
+def _exit_stalled(stalled_s: float) -> None:
+    # Nothing on the loop can run any more, a clean stop included: end the process now.
+    log.critical(
+        "the event loop has not run for %.0f s (a model call hung on it); exiting", stalled_s
+    )
+    logging.shutdown()
+    os._exit(STALL_EXIT)
 
 
 def create_app(config: WorkerConfig) -> faust.App:

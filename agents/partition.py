@@ -97,6 +97,16 @@ class PartitionPipeline:
         self._slots.append(slot)
         return slot
 
+    def quarantine(self, msg: KafkaMessage, error: Result) -> None:
+        """Quarantine a message without decoding it (it crashed workers before)."""
+        offset = int(msg.offset() or 0)
+        if self.first_offset is None:
+            self.first_offset = offset
+        self.tracker.consumed(offset)
+        self._failures.quarantine(self._sink, self.tracker, msg, offset, error, None)
+        self.tracker.done(offset)
+        self._sink.flush()
+
     def answered(self) -> None:
         """Hand the results at the head of the partition, in offset order, to the sink."""
         slots, sink, tracker = self._slots, self._sink, self.tracker

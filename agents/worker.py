@@ -31,13 +31,15 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.batching import KeyedBatcher
-from tidegate.agents.consumer_cycle import ConsumerCycle
+from tidegate.agents.consumer_cycle import ConsumerCycle, highest_offsets
+from tidegate.agents.crash_guard import CrashGuard
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Publisher
 from tidegate.agents.failures import FailureRouter, default_router
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
+from tidegate.agents.solo_lane import SoloLane
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.agents.worker_tracing import batch_span, consumed
 from tidegate.core.aio import OwnerThread, cancel_and_wait
@@ -82,9 +84,13 @@ class InferenceWorker:
         consumer_extra: Mapping[str, Any] | None = None,
         tracing: Tracing = TRACING_OFF,
         failures: FailureRouter | None = None,
+        crash_guard: CrashGuard | None = None,
+        relay: RetryRelay | None = None,
     ) -> None:
         self.service = service
         self.failures = failures or default_router(topics, settings.worker_id)
+        self._guard = crash_guard
+        self._relay = relay
         self._tracing = tracing
         self.settings = settings
         self.topics = topics
@@ -128,7 +134,6 @@ class InferenceWorker:
         self._publisher = Publisher(self._new_producer(client_id), client, self.topics)
         await asyncio.to_thread(self._start_publisher)
         self._sink = self._new_sink()
-        self._relay = self._new_relay(client)
         if self._relay is not None:
             await asyncio.to_thread(self._relay.start)
         self._batcher: KeyedBatcher[Slot, Result] = KeyedBatcher(
@@ -158,6 +163,16 @@ class InferenceWorker:
             on_lost=self._on_lost,
         )
         self._tasks = [self._loop.create_task(self._fetch(), name="kafka-fetch")]
+        self._solo: SoloLane | None = None
+        if self._guard is not None:
+            self._solo = SoloLane(
+                self._guard,
+                self._pipelines,
+                self._compute,
+                self._delivered,
+                self._seeks.__setitem__,
+            )
+            self._tasks.insert(0, self._solo.start())
         if isinstance(self._sink, TransactionalSink):
             self._tasks.insert(0, self._loop.create_task(self._transact(), name="transactions"))
         for task in self._tasks:
@@ -169,18 +184,6 @@ class InferenceWorker:
             extra["transactional.id"] = self.transactional_id
             extra["transaction.timeout.ms"] = self.settings.transaction_timeout_ms
         return make_producer(self._kafka, extra)
-
-    def _new_relay(self, client: SchemaRegistryClient) -> RetryRelay | None:
-        if not (self.settings.retry_relay and self.topics.retry_levels):
-            return None
-        return RetryRelay(
-            self._kafka,
-            self.topics,
-            client,
-            group_id=f"{self.settings.group_id}-retry",
-            client_id=f"{self._kafka.client_id}-{self.settings.worker_id}-retry",
-            transactional_id=f"{self.transactional_id}-retry" if self._exactly_once else None,
-        )
 
     def _start_publisher(self) -> None:
         self._publisher.start()
@@ -234,6 +237,8 @@ class InferenceWorker:
         commits = [] if self._exactly_once else self._positions()
         await self._end_transaction()
         await self._thread.call(self._cycler.close, commits)
+        if self._guard is not None:
+            await self._guard.released(list(self._pipelines))
         for pipeline in list(self._pipelines.values()):
             pipeline.close()
         self._pipelines.clear()
@@ -300,6 +305,8 @@ class InferenceWorker:
             rewind = [TopicPartition(self.topics.requests, p, o) for p, o in seeks.items()]
             epoch = self._epoch
             batch = await self._thread.call(self._cycler.run, commits, pause, rewind, room)
+            if self._guard is not None and batch:
+                await self._guard.consumed(highest_offsets(batch))
             if epoch != self._epoch:
                 self._refetch(batch)  # read before a rewind: read again after it
             elif self._ingest(batch):
@@ -323,6 +330,9 @@ class InferenceWorker:
             if target is not None:
                 self._seeks[partition] = target
         log.warning("transaction aborted: partitions %s rewound", sorted(self._seeks))
+
+    def _reread(self, partition: int, offset: int) -> None:
+        self._seeks[partition] = min(self._seeks.get(partition, offset), offset)
 
     def _refetch(self, batch: list[Message]) -> None:
         for msg in batch:
@@ -351,6 +361,10 @@ class InferenceWorker:
             pipeline = self._pipelines.get(partition)
             if pipeline is None:
                 continue  # revoked meanwhile
+            solo = self._solo
+            if solo is not None and solo.takes(partition, int(msg.offset() or 0)):
+                solo.put(msg)
+                continue
             try:
                 slot = pipeline.accept(msg)
             except RetriableError as exc:
@@ -413,6 +427,8 @@ class InferenceWorker:
         for partition in partitions:
             if partition not in self._pipelines:
                 self._pipelines[partition] = self._new_pipeline(partition)
+        if self._guard is not None:
+            await self._guard.assigned(partitions)
         log.info("assigned partitions %s", sorted(partitions))
 
     async def _revoked(self, partitions: list[int], drain: bool) -> list[TopicPartition]:
@@ -434,6 +450,9 @@ class InferenceWorker:
             self._committed.pop(pipeline.partition, None)
             with contextlib.suppress(KeyError):
                 metrics.CONSUMER_LAG.remove(self.topics.requests, str(pipeline.partition))
+        if self._guard is not None and self._solo is not None:
+            self._solo.forget(partitions)
+            await self._guard.released(partitions)
         log.info("%s partitions %s", "revoked" if drain else "lost", sorted(partitions))
         return commits
 

@@ -70,6 +70,12 @@ class WorkerSettings(BaseSettings):
         description="Run the retry relay in this process: it sends requests waiting on the "
         "retry topics back to their partitions when due (group `<group_id>-retry`).",
     )
+    stall_exit_s: float = Field(
+        120.0,
+        ge=0,
+        description="A worker process whose event loop has not run for this long (a model call "
+        "hung on it) exits with status 70, for its supervisor to restart it (0: never).",
+    )
     metrics_port: int = Field(
         9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0: none)."
     )

@@ -13,12 +13,13 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from tidegate.core.errors import RetriableError
 
-__all__ = ["OwnerThread", "Periodic", "cancel_and_wait"]
+__all__ = ["LoopWatchdog", "OwnerThread", "Periodic", "cancel_and_wait"]
 
 _log = logging.getLogger(__name__)
 
@@ -146,3 +147,46 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
         future.set_exception(exc)
     else:
         future.set_result(result)
+
+
+class LoopWatchdog:
+    """Calls `on_stall` (from its own thread) when the event loop has not run for `limit_s`.
+
+    A call that never returns on the loop (a fast model run inline that hangs, a blocking call
+    by mistake) stops everything the loop serves and cannot be timed out from the loop itself;
+    a worker process would stay up doing nothing. `on_stall` typically ends the process, so its
+    supervisor starts a fresh one (and a crash guard learns which message did it).
+    """
+
+    def __init__(self, limit_s: float, on_stall: Callable[[float], None]) -> None:
+        self._limit_s = limit_s
+        self._on_stall = on_stall
+        self._beat = time.monotonic()
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._beat = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._heartbeat(), name="watchdog")
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+
+    async def _heartbeat(self) -> None:
+        every = min(0.5, self._limit_s / 4)
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(every)
+
+    def _watch(self) -> None:
+        every = min(0.5, self._limit_s / 4)
+        while not self._stop.wait(every):
+            stalled = time.monotonic() - self._beat
+            if stalled >= self._limit_s:
+                self._on_stall(stalled)
+                return

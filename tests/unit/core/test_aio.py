@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
-from tidegate.core.aio import Periodic, cancel_and_wait
+from tidegate.core.aio import LoopWatchdog, Periodic, cancel_and_wait
 from tidegate.core.errors import LifecycleUnavailableError
 
 
@@ -98,3 +99,16 @@ async def test_periodic_steps_go_on_after_failures(caplog: pytest.LogCaptureFixt
     assert "ticker failed" in caplog.text
     with pytest.raises(ValueError, match="every_s"):
         Periodic(step, 0, name="never")
+
+
+async def test_the_watchdog_reports_a_loop_that_stopped_running() -> None:
+    stalls: list[float] = []
+    watchdog = LoopWatchdog(0.2, stalls.append)
+    watchdog.start()
+    await asyncio.sleep(0.3)
+    assert stalls == []  # a loop that runs is never reported
+    time.sleep(0.6)  # noqa: ASYNC251 - the stall under test
+    await asyncio.sleep(0)
+    await watchdog.stop()
+    assert len(stalls) == 1
+    assert stalls[0] >= 0.2

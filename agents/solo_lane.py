@@ -1,0 +1,121 @@
+"""The solo lane: after a worker died, its unfinished messages are processed one at a time.
+
+The crash guard (`agents.crash_guard`) names the suspects of each partition it finds a dead
+owner's marks on. They leave the batch queues: this lane takes them in offset order, marks each
+in Redis, decodes and computes it alone, and delivers its result as a batch of one. A message
+that kills this process too is then known exactly, and counted; one counted `crash_limit` times
+is quarantined without being decoded again. Messages of the partition read after its suspects
+follow them through the lane until the suspects are passed, so the partition keeps its order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from confluent_kafka import Message
+
+from tidegate.agents.crash_guard import CrashGuard
+from tidegate.agents.partition import PartitionPipeline, Slot
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.errors import CrashLoopError, RetriableError
+from tidegate.core.telemetry import get_logger
+from tidegate.dlq.envelopes import error_info
+
+__all__ = ["SoloLane"]
+
+log = get_logger(__name__)
+Result = dict[str, Any]
+Compute = Callable[[Sequence[Slot], Sequence[float]], Awaitable[list[Result]]]
+Deliver = Callable[[Sequence[Slot], Sequence[Result] | BaseException], None]
+
+
+class SoloLane:
+    def __init__(
+        self,
+        guard: CrashGuard,
+        pipelines: dict[int, PartitionPipeline],
+        compute: Compute,
+        deliver: Deliver,
+        reread: Callable[[int, int], None],
+    ) -> None:
+        self.guard = guard
+        self._pipelines = pipelines
+        self._compute = compute
+        self._deliver = deliver
+        self._reread = reread
+        self._queue: deque[Message] = deque()
+        self._waiting: dict[int, int] = {}
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="solo-lane")
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+
+    def takes(self, partition: int, offset: int) -> bool:
+        """Whether a message of the partition goes through this lane (`put` it then)."""
+        guard = self.guard.partitions.get(partition)
+        return bool(self._waiting.get(partition)) or (guard is not None and guard.suspect(offset))
+
+    def put(self, msg: Message) -> None:
+        partition = msg.partition() or 0
+        self._waiting[partition] = self._waiting.get(partition, 0) + 1
+        self._queue.append(msg)
+        self._ready.set()
+
+    def forget(self, partitions: Sequence[int]) -> None:
+        """Revoked partitions: their queued messages are the next owner's."""
+        gone = set(partitions)
+        self._queue = deque(m for m in self._queue if m.partition() not in gone)
+        for partition in gone:
+            self._waiting.pop(partition, None)
+
+    async def _run(self) -> None:
+        while True:
+            await self._ready.wait()
+            while self._queue:
+                msg = self._queue.popleft()
+                partition = msg.partition() or 0
+                self._waiting[partition] = max(0, self._waiting.get(partition, 1) - 1)
+                await self._one(partition, msg)
+            self._ready.clear()
+
+    async def _one(self, partition: int, msg: Message) -> None:
+        pipeline = self._pipelines.get(partition)
+        guard = self.guard.partitions.get(partition)
+        if pipeline is None or pipeline.closed or guard is None:
+            return
+        offset = int(msg.offset() or 0)
+        if offset in guard.quarantined:
+            count = guard.counts.get(offset, 0)
+            log.error(
+                "partition %d offset %d killed %d workers: quarantined", partition, offset, count
+            )
+            crash = CrashLoopError(f"processing this message killed {count} worker processes")
+            pipeline.quarantine(msg, error_info(crash, details={"crashes": str(count)}))
+        else:
+            if guard.suspect(offset):
+                await self.guard.solo(partition, offset)
+            try:
+                slot = pipeline.accept(msg)
+            except RetriableError as exc:
+                log.warning("cannot decode %s@%d yet: %s", partition, offset, exc)
+                self.forget([partition])
+                self._reread(partition, offset)
+                return
+            if slot is not None:
+                outcome: Sequence[Result] | BaseException
+                try:
+                    outcome = await self._compute([slot], [0.0])
+                except Exception as exc:
+                    outcome = exc
+                self._deliver([slot], outcome)
+        if guard.suspect_hi is not None and offset >= guard.suspect_hi:
+            await self.guard.passed(partition)
