@@ -120,9 +120,13 @@ class FailureRouter:
         offset: int,
         task: InferenceTask,
         error: Mapping[str, Any],
+        version: str | None = None,
     ) -> tuple[int, int] | None:
         """Route a failed result's request. None: publish its result; when it is retried
-        instead, its retry level and due time."""
+        instead, its retry level and due time. The version that failed, if one was chosen, goes
+        into the envelope's error details, so dead letters can be filtered by it."""
+        if version is not None:
+            error = {**error, "details": {**(error.get("details") or {}), "version": version}}
         history = task.lineage.history if task.lineage is not None else []
         verdict = self.policy.decide(task.model, error, retries_since_redrive(history))
         if verdict.action == "retry":

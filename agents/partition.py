@@ -123,7 +123,8 @@ class PartitionPipeline:
             error = result["error"]
             retried = None
             if error is not None:
-                retried = self._failures.failed(sink, tracker, msg, offset, task, error)
+                version = result["model_version"]
+                retried = self._failures.failed(sink, tracker, msg, offset, task, error, version)
             if retried is None:
                 sink.add(SinkEntry(tracker, offset, key, result=result, task=task))
                 if self._holds is not None:

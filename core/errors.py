@@ -275,7 +275,8 @@ class InvalidTransitionError(LifecycleError):
 
 
 class PromotionGateError(InvalidTransitionError):
-    """Shadow agreement is below the promotion gate and `--force` was not given."""
+    """A promotion gate (shadow agreement, a passing backtest) is not met and `--force` was not
+    given."""
 
     code = "PROMOTION_GATE"
 

@@ -95,6 +95,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         "TIDEGATE_TOPICS_POISON": f"{prefix}-poison",
         "TIDEGATE_TOPICS_LIFECYCLE": f"{prefix}-lifecycle",
         "TIDEGATE_TOPICS_SHADOW": f"{prefix}-shadow",
+        "TIDEGATE_TOPICS_RETRY_PREFIX": f"{prefix}-retry",
         "TIDEGATE_POSTGRES_DB_SCHEMA": schema,
         "TIDEGATE_LIFECYCLE_CONTROLLER_TICK_S": "0.2",
         # Every sampled request is compared, so shadow stats can be checked against a direct run.

@@ -247,3 +247,47 @@ def test_served_and_state_at_answer_for_requests_before_and_after_a_promotion(
 
 def _iso(moment: datetime) -> str:
     return moment.isoformat()
+
+
+def test_served_shows_the_request_schema_id_its_source_and_a_replay_that_produced_it(
+    pipeline: Pipeline,
+) -> None:
+    model = _setup(pipeline, "replayed", "1", "2")
+    rows = RNG.normal(size=(1, 64)).astype(np.float32)
+    with _load(pipeline) as load:
+        served = load.run("live", _traffic(model, rows, unique("r")), rate=10, count=1)
+    record = served.records[0]
+    request_id = record["request_id"]
+
+    def indexed() -> Any:
+        found = pipeline.cli("served", request_id)
+        return found if isinstance(found, dict) else None
+
+    request = wait_for(indexed, timeout=60, interval=1, what="the result indexed")["request"]
+    assert (request["version"], request["routing_rule"]) == ("1", record["routing_rule"])
+    assert request["request_schema_id"] == record["request_schema_id"] > 0
+    assert request["source"] == record["source"]
+    assert request["source"]["topic"] == pipeline.topics["requests"]
+    assert request["history"] == []
+
+    # Replayed on version 2 into the live results topic (asked for explicitly): the index then
+    # shows the replay's result, with the replay in its history.
+    summary = pipeline.cli(
+        "replay", "--request-id", request_id, "--model", model, "--version", "2",
+        "--to-topic", pipeline.topics["results"], "--live", "--no-progress",
+    )  # fmt: skip
+    assert isinstance(summary, dict)
+    run_id = summary["run_id"]
+
+    def replayed() -> Any:
+        found = indexed()
+        return found if found and found["request"]["history"] else None
+
+    again = wait_for(replayed, timeout=60, interval=1, what="the replay indexed")["request"]
+    assert again["version"] == "2"
+    assert again["routing_rule"] == "replay:version"
+    assert [(s["kind"], s["id"]) for s in again["history"]] == [("replay", run_id)]
+    assert again["history"][0]["from"] == record["source"]
+    assert again["request_schema_id"] == record["request_schema_id"]
+    assert again["request_digest"] == record["request_digest"]
+    assert not again.get("conflicts")

@@ -109,6 +109,7 @@ async def test_a_retriable_failure_is_retried_with_backoff_then_succeeds_and_a_p
     assert got["doomed"]["status"] == "UNAVAILABLE"
     assert letter["request_id"] == "doomed"
     assert letter["error"]["code"] == "UNAVAILABLE"
+    assert letter["error"]["details"]["version"] == "1"  # for `tidegate dlq --version`
     assert letter["attempt"] == 4  # the first delivery and three retries
     assert [s["kind"] for s in letter["history"]] == ["retry"] * 3
     waited = ms(letter["failed_at"]) - ms(letter["first_failed_at"])

@@ -80,6 +80,8 @@ def test_the_alerts_the_issue_asks_for_exist() -> None:
         "TidegateDeadLettersGrowing",
         "TidegatePartitionsWithoutWorker",
         "TidegateCanaryRolledBack",
+        "TidegateWorkerCrashes",
+        "TidegateModelTimeouts",
     }
     assert expected <= alerts()
 
