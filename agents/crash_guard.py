@@ -21,13 +21,16 @@ stands down (a WARNING and `tidegate_worker_crash_guard_errors`) rather than sto
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tidegate.core.telemetry import get_logger
 
@@ -45,6 +48,7 @@ CRASHES = Counter(
     ["kind"],
 )
 _TTL_S = 7 * 24 * 3600
+_STAND_DOWN_S = 30.0
 
 
 @dataclass(slots=True)
@@ -69,6 +73,7 @@ class CrashGuard:
         self.crash_limit = crash_limit
         self._timeout_s = timeout_s
         self.partitions: dict[int, PartitionGuard] = {}
+        self._down_until = 0.0
 
     def key(self, partition: int) -> str:
         return f"{self._prefix}{partition}"
@@ -78,13 +83,13 @@ class CrashGuard:
         parts = [p for p in partitions if p not in self.partitions]
         for partition in parts:
             self.partitions[partition] = PartitionGuard()
-        if not parts:
+        if not parts or self._down():
             return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for partition in parts:
                     pipe.hgetall(self.key(partition))
-                found = await pipe.execute()
+                found = await self._bounded(pipe.execute())
             for partition, fields in zip(parts, found, strict=True):
                 await self._recover(partition, _text(fields))
         except (RedisError, OSError) as exc:
@@ -129,7 +134,7 @@ class CrashGuard:
                 pipe.hset(key, mapping=updates)
                 pipe.hdel(key, "hi", "solo")
                 pipe.expire(key, _TTL_S)
-                await pipe.execute()
+                await self._bounded(pipe.execute())
 
     async def consumed(self, highest: dict[int, int]) -> None:
         """Before a poll's messages are processed: the new highest offset per partition."""
@@ -139,23 +144,25 @@ class CrashGuard:
             if guard is not None and offset > guard.written_hi:
                 guard.written_hi = offset
                 moved[partition] = offset
-        if not moved:
+        if not moved or self._down():
             return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for partition, offset in moved.items():
                     pipe.hset(self.key(partition), "hi", str(offset))
                     pipe.expire(self.key(partition), _TTL_S)
-                await pipe.execute()
+                await self._bounded(pipe.execute())
         except (RedisError, OSError) as exc:
             self._unavailable(exc)
 
     async def solo(self, partition: int, offset: int) -> None:
         """Before a suspect is processed alone."""
+        if self._down():
+            return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hset(self.key(partition), "solo", str(offset))
-                await pipe.execute()
+                await self._bounded(pipe.execute())
         except (RedisError, OSError) as exc:
             self._unavailable(exc)
 
@@ -167,31 +174,46 @@ class CrashGuard:
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hdel(self.key(partition), "range", "solo")
-                await pipe.execute()
+                await self._bounded(pipe.execute())
         except (RedisError, OSError) as exc:
             self._unavailable(exc)
 
-    async def released(self, partitions: Iterable[int]) -> None:
-        """The partitions are given up cleanly: no crash to report for them."""
+    async def released(self, partitions: Iterable[int], *, clear: bool = True) -> None:
+        """The partitions are given up cleanly: no crash to report for them. A lost partition
+        (`clear=False`) keeps its marks: its new owner may be writing them already."""
         parts = list(partitions)
         for partition in parts:
             self.partitions.pop(partition, None)
-        if not parts:
+        if not parts or not clear or self._down():
             return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for partition in parts:
                     pipe.hdel(self.key(partition), "hi", "solo")
-                await pipe.execute()
+                await self._bounded(pipe.execute())
         except (RedisError, OSError) as exc:
             self._unavailable(exc)
 
     async def close(self) -> None:
         await self._redis.aclose()
 
+    async def _bounded(self, call: Awaitable[Any]) -> Any:
+        try:
+            return await asyncio.wait_for(call, self._timeout_s)
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"no answer within {self._timeout_s} s") from exc
+
+    def _down(self) -> bool:
+        """Whether the guard stands down: a Redis that failed is left alone for a while, so a
+        poll does not wait out a timeout every time."""
+        return time.monotonic() < self._down_until
+
     def _unavailable(self, exc: BaseException) -> None:
         CRASH_GUARD_ERRORS.inc()
-        log.warning("crash guard: Redis unavailable, skipping: %s", exc)
+        self._down_until = time.monotonic() + _STAND_DOWN_S
+        log.warning(
+            "crash guard: Redis unavailable, standing down for %.0f s: %s", _STAND_DOWN_S, exc
+        )
 
 
 def _text(fields: dict[Any, Any]) -> dict[str, str]:

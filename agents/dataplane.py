@@ -375,6 +375,11 @@ def _timed_out_before(task: InferenceTask) -> bool:
     """A request retried after a timeout runs alone: whichever input of its batch hung the model,
     it cannot time out the same batch-mates again."""
     lineage = task.lineage
-    return lineage is not None and any(
-        step.get("reason") == ModelTimeoutError.code for step in lineage.history
-    )
+    if lineage is None:
+        return False
+    for step in reversed(lineage.history):
+        if step.get("kind") in ("redrive", "replay"):
+            return False  # a fresh start after a fix: batched like any request
+        if step.get("reason") == ModelTimeoutError.code:
+            return True
+    return False

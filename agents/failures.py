@@ -73,6 +73,10 @@ class KeyHolds:
         if request_id not in hold.waiting:
             hold.waiting.append(request_id)
 
+    def release(self, key: bytes) -> None:
+        """Forget the key's hold (its head was quarantined: nothing of it comes back)."""
+        self._holds.pop(key, None)
+
     def finished(self, key: bytes, request_id: str) -> None:
         hold = self._holds.get(key)
         if hold is None:
@@ -153,7 +157,8 @@ class FailureRouter:
         due."""
         due = retry_at_ms or int(time.time() * 1000 + verdict.delay_s * 1000)
         topic = self._topics.retry_topic(verdict.level)
-        self._letter(sink, tracker, topic, msg, offset, error, task, retry_at_ms=due)
+        key = msg.key() or (task.request.get("routing_key") or task.request_id).encode()
+        self._letter(sink, tracker, topic, msg, offset, error, task, retry_at_ms=due, key=key)
         metrics.RETRIES.labels(task.model, str(error.get("code")), str(verdict.level)).inc()
         return due
 
@@ -177,7 +182,10 @@ class FailureRouter:
             "details": {},
         }
         topic = self._topics.retry_topic(level)
-        self._letter(sink, tracker, topic, msg, offset, error, task, retry_at_ms=retry_at_ms)
+        key = msg.key() or (task.request.get("routing_key") or task.request_id).encode()
+        self._letter(
+            sink, tracker, topic, msg, offset, error, task, retry_at_ms=retry_at_ms, key=key
+        )
 
     def _letter(
         self,
@@ -190,6 +198,7 @@ class FailureRouter:
         task: InferenceTask | None,
         *,
         retry_at_ms: int | None = None,
+        key: bytes | None = None,
     ) -> None:
         source = task.source if task is not None and task.source else None
         if source is None:
@@ -214,7 +223,9 @@ class FailureRouter:
             history=lineage.history if lineage is not None else (),
             retry_at_ms=retry_at_ms,
         )
-        sink.add(SinkEntry(tracker, offset, msg.key(), letter=(topic, envelope)))
+        # Keyed like the request's results: a request and those held behind it share a retry
+        # partition even when the request itself had no Kafka key.
+        sink.add(SinkEntry(tracker, offset, key or msg.key(), letter=(topic, envelope)))
         if retry_at_ms is None:
             metrics.DEAD_LETTERS.labels(topic, str(error["code"])).inc()
 

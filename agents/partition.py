@@ -106,6 +106,9 @@ class PartitionPipeline:
         self._failures.quarantine(self._sink, self.tracker, msg, offset, error, None)
         self.tracker.done(offset)
         self._sink.flush()
+        key = msg.key()
+        if self._holds is not None and key is not None:
+            self._holds.release(key)
 
     def answered(self) -> None:
         """Hand the results at the head of the partition, in offset order, to the sink."""

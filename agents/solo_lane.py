@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from confluent_kafka import Message
@@ -24,12 +25,47 @@ from tidegate.core.errors import CrashLoopError, RetriableError
 from tidegate.core.telemetry import get_logger
 from tidegate.dlq.envelopes import error_info
 
-__all__ = ["SoloLane"]
+__all__ = ["ComputeGate", "SoloLane"]
 
 log = get_logger(__name__)
 Result = dict[str, Any]
 Compute = Callable[[Sequence[Slot], Sequence[float]], Awaitable[list[Result]]]
 Deliver = Callable[[Sequence[Slot], Sequence[Result] | BaseException], None]
+
+
+class ComputeGate:
+    """Batches run side by side (`shared`); a suspect runs alone (`exclusive`): no batch starts
+    while it waits or runs, and it starts once the running ones have ended, so a crash while it
+    holds its `solo` mark is its own."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._running = 0
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._running += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
 
 
 class SoloLane:
@@ -50,6 +86,12 @@ class SoloLane:
         self._waiting: dict[int, int] = {}
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.gate = ComputeGate()
+
+    @property
+    def backlog(self) -> int:
+        """Messages queued here, not yet accepted by their partition: in flight too."""
+        return len(self._queue)
 
     def start(self) -> asyncio.Task[None]:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="solo-lane")
@@ -83,8 +125,13 @@ class SoloLane:
             while self._queue:
                 msg = self._queue.popleft()
                 partition = msg.partition() or 0
-                self._waiting[partition] = max(0, self._waiting.get(partition, 1) - 1)
-                await self._one(partition, msg)
+                try:
+                    await self._one(partition, msg)
+                finally:
+                    # Only now: while it is in hand, later messages of its partition queue
+                    # behind it here instead of overtaking it on the batch path.
+                    if partition in self._waiting:
+                        self._waiting[partition] = max(0, self._waiting[partition] - 1)
             self._ready.clear()
 
     async def _one(self, partition: int, msg: Message) -> None:
@@ -100,22 +147,32 @@ class SoloLane:
             )
             crash = CrashLoopError(f"processing this message killed {count} worker processes")
             pipeline.quarantine(msg, error_info(crash, details={"crashes": str(count)}))
-        else:
-            if guard.suspect(offset):
+        elif guard.suspect(offset):
+            async with self.gate.exclusive():
                 await self.guard.solo(partition, offset)
-            try:
-                slot = pipeline.accept(msg)
-            except RetriableError as exc:
-                log.warning("cannot decode %s@%d yet: %s", partition, offset, exc)
-                self.forget([partition])
-                self._reread(partition, offset)
-                return
-            if slot is not None:
-                outcome: Sequence[Result] | BaseException
-                try:
-                    outcome = await self._compute([slot], [0.0])
-                except Exception as exc:
-                    outcome = exc
-                self._deliver([slot], outcome)
+                if not await self._process(pipeline, partition, msg, offset):
+                    return
+        elif not await self._process(pipeline, partition, msg, offset):
+            return
         if guard.suspect_hi is not None and offset >= guard.suspect_hi:
             await self.guard.passed(partition)
+
+    async def _process(
+        self, pipeline: PartitionPipeline, partition: int, msg: Message, offset: int
+    ) -> bool:
+        """Decode, compute alone and deliver; False when the partition must be read again."""
+        try:
+            slot = pipeline.accept(msg)
+        except RetriableError as exc:
+            log.warning("cannot decode %s@%d yet: %s", partition, offset, exc)
+            self.forget([partition])
+            self._reread(partition, offset)
+            return False
+        if slot is not None:
+            outcome: Sequence[Result] | BaseException
+            try:
+                outcome = await self._compute([slot], [0.0])
+            except Exception as exc:
+                outcome = exc
+            self._deliver([slot], outcome)
+        return True

@@ -166,11 +166,7 @@ class InferenceWorker:
         self._solo: SoloLane | None = None
         if self._guard is not None:
             self._solo = SoloLane(
-                self._guard,
-                self._pipelines,
-                self._compute,
-                self._delivered,
-                self._seeks.__setitem__,
+                self._guard, self._pipelines, self._compute_now, self._delivered, self._reread
             )
             self._tasks.insert(0, self._solo.start())
         if isinstance(self._sink, TransactionalSink):
@@ -291,6 +287,8 @@ class InferenceWorker:
             if self._relay is not None and self._relay.failed is not None:
                 raise self._relay.failed
             in_flight = sum(p.tracker.in_flight for p in self._pipelines.values())
+            if self._solo is not None:
+                in_flight += self._solo.backlog
             metrics.IN_FLIGHT.set(in_flight)
             pause = in_flight >= self.settings.max_in_flight or (
                 self._cycler.paused and in_flight > self.settings.max_in_flight // 2
@@ -381,6 +379,13 @@ class InferenceWorker:
         return bool(rewind)
 
     async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
+        solo = self._solo
+        if solo is None:
+            return await self._compute_now(slots, waits)
+        async with solo.gate.shared():  # a suspect running alone holds batches back
+            return await self._compute_now(slots, waits)
+
+    async def _compute_now(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
         tasks = [slot.task for slot in slots]
         tracer = self._tracing.tracer
         if tracer is None:
@@ -452,7 +457,8 @@ class InferenceWorker:
                 metrics.CONSUMER_LAG.remove(self.topics.requests, str(pipeline.partition))
         if self._guard is not None and self._solo is not None:
             self._solo.forget(partitions)
-            await self._guard.released(partitions)
+            # Lost partitions may already have a new owner writing marks under the same key.
+            await self._guard.released(partitions, clear=drain)
         log.info("%s partitions %s", "revoked" if drain else "lost", sorted(partitions))
         return commits
 

@@ -244,11 +244,13 @@ class ReplayRunner:
             delta.skipped["stalled before the planned end"] += chunk.gave_up
         items = await self._versions(chunk.records, delta)
         if items and self._limiter is not None:
-            left = len(items)
+            left: float = len(items)
             while left > 0:
+                # At most the bucket's size at a time (a larger acquire never succeeds); a rate
+                # below 1/s takes fractions of a request.
                 take = min(left, self._limiter.max_rate)
                 await self._limiter.acquire(take)
-                left -= int(take)
+                left -= take
         results = await self._scorer.score(items) if items else []
         at_ms = int(time.time() * 1000)
         rule = "replay:version" if cp.version else "replay:served"

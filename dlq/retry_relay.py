@@ -23,7 +23,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from prometheus_client import Counter
 
@@ -42,7 +49,8 @@ log = get_logger(__name__)
 
 RELAYED = Counter(
     "tidegate_retry_relay_records",
-    "Retry-topic records the relay handled, by topic and outcome (relayed, undecodable).",
+    "Retry-topic records the relay handled, by topic and outcome (relayed, undecodable, "
+    "dead-lettered: Kafka refused them back).",
     ["topic", "outcome"],
 )
 _HELD = "HELD_BEHIND_KEY"
@@ -90,6 +98,7 @@ class RetryRelay:
     ) -> None:
         self._kafka = kafka
         self._topics = topics.retry_topics()
+        self._dead_letters = topics.failed
         self._decode = AvroDecoder(registry, load_schema(DEAD_LETTER_ENVELOPE))
         self._group_id = group_id
         self._client_id = client_id
@@ -157,7 +166,7 @@ class RetryRelay:
 
     def _relay(self, batch: list[Message]) -> None:
         now = int(time.time() * 1000)
-        out: list[dict[str, Any]] = []
+        out: list[tuple[dict[str, Any], Message]] = []
         commits: dict[tuple[str, int], int] = {}
         for msg in batch:
             topic, partition, offset = str(msg.topic()), msg.partition(), msg.offset()
@@ -180,40 +189,73 @@ class RetryRelay:
                 self._consumer.pause([TopicPartition(topic, partition)])
                 self._paused[tp] = (due, offset)
                 continue
-            out.append(republished(envelope, now, source_position(topic, partition, offset)))
+            record = republished(envelope, now, source_position(topic, partition, offset))
+            out.append((record, msg))
             commits[tp] = offset + 1
             RELAYED.labels(topic, "relayed").inc()
         if commits:
             self._publish(out, [TopicPartition(t, p, o) for (t, p), o in commits.items()])
 
-    def _publish(self, records: list[dict[str, Any]], offsets: list[TopicPartition]) -> None:
+    def _publish(
+        self, records: list[tuple[dict[str, Any], Message]], offsets: list[TopicPartition]
+    ) -> None:
         producer = self._producer
+        failed: list[tuple[Message, KafkaError]] = []
         if self._txn_id:
             producer.begin_transaction()
-        for record in records:
-            while True:
-                try:
-                    producer.produce(**record)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+        for record, msg in records:
+            self._produce(record, _collect(failed, msg))
         if self._txn_id:
+            # A record Kafka refused fails the commit: the transaction is aborted and the relay
+            # fails, and the worker's restart reads the retry records again.
             metadata = self._consumer.consumer_group_metadata()
             producer.send_offsets_to_transaction(offsets, metadata, _FLUSH_S)
             producer.commit_transaction(_FLUSH_S)
         else:
-            left = producer.flush(_FLUSH_S)
-            if left:
-                raise TidegateError(f"{left} retried requests not acknowledged by Kafka")
+            if producer.flush(_FLUSH_S):
+                raise TidegateError("retried requests not acknowledged by Kafka in time")
+            if failed:
+                self._dead_letter(failed)
             try:
                 self._consumer.commit(offsets=offsets, asynchronous=False)
             except KafkaException as exc:  # republished again by the next owner: at-least-once
                 log.warning("retry relay commit failed: %s", exc)
-        self.relayed += len(records)
+        self.relayed += len(records) - len(failed)
+
+    def _produce(self, record: Mapping[str, Any], on_delivery: Any) -> None:
+        while True:
+            try:
+                self._producer.produce(**record, on_delivery=on_delivery)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def _dead_letter(self, failed: list[tuple[Message, KafkaError]]) -> None:
+        """Requests Kafka refused to take back (a deleted topic, a record grown past the size
+        limit) go to the dead-letter topic as they waited, rather than vanish; only when that
+        fails too does the relay fail, before committing."""
+        lost: list[KafkaError] = []
+        for msg, err in failed:
+            log.error("retry relay: republishing %s@%s failed: %s", msg.topic(), msg.offset(), err)
+            RELAYED.labels(str(msg.topic()), "dead-lettered").inc()
+            record = {"topic": self._dead_letters, "key": msg.key(), "value": msg.value()}
+            self._produce(record, _collect(lost, None))
+        if self._producer.flush(_FLUSH_S) or lost:
+            raise TidegateError(f"retried requests lost: republish and dead letter failed ({lost})")
 
     def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._paused.pop((tp.topic, tp.partition), None)
+
+
+def _collect(into: list[Any], msg: Message | None) -> Any:
+    """A delivery callback that keeps what failed (runs on the relay's thread, in flush)."""
+
+    def report(err: KafkaError | None, _delivered: Message) -> None:
+        if err is not None:
+            into.append((msg, err) if msg is not None else err)
+
+    return report
 
 
 def _due_ms(envelope: Mapping[str, Any]) -> int:

@@ -2,7 +2,7 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`) runs one part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`) runs one part.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 from tests.bench import (
     codec,
+    failure_cost,
     faust_vs_confluent,
     lifecycle,
     pipeline,
@@ -27,6 +28,7 @@ PARTS = {
     "versus": versus.run,
     "profile": profile.run,
     "tracing": tracing_cost.run,
+    "failures": failure_cost.run,
 }
 
 

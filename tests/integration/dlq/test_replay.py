@@ -3,6 +3,7 @@ served with fraud 1 (`replay_fixtures.recorded`)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -331,3 +332,18 @@ async def test_a_rate_limit_paces_the_run(
     await scorer.close()
     assert summary.replayed == REQUESTS
     assert elapsed >= 1.8, f"48 requests at 16/s took only {elapsed:.2f} s"
+
+
+async def test_a_rate_below_one_a_second_ends(
+    recorded: Recorded, targets: Callable[..., str], tmp_path: Path
+) -> None:
+    """0.5/s on the first 4 requests (one batch): the pace takes fractions of a request, so the
+    run ends in about 8 s rather than never."""
+    scorer = OfflineScorer.from_settings(recorded.models, worker_id="replay:it")
+    started = time.monotonic()
+    run = runner(recorded, tmp_path, targets(), scorer, rate=0.5, stop_after=4)
+    summary = await asyncio.wait_for(run.run(), timeout=60)
+    elapsed = time.monotonic() - started
+    await scorer.close()
+    assert summary.replayed == 4
+    assert elapsed >= 5, f"4 requests at 0.5/s took only {elapsed:.2f} s"
