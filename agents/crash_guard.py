@@ -3,8 +3,9 @@
 The count must outlive the process, so it is kept in Redis, in one hash per partition
 (`tidegate:crash:<group>:<topic>:<partition>`):
 
-* `hi`: the highest offset the partition's owner has read. It is written once per poll, before
-  the poll's messages are processed, and deleted when the owner lets the partition go cleanly
+* `hi`: an offset above every one the partition's owner has read. Before a poll's messages are
+  processed, a poll that read past it moves it 256 offsets ahead of what it read (one write per
+  256 messages, not per poll); it is deleted when the owner lets the partition go cleanly
   (revoke, stop). A `hi` found on assignment therefore means the last owner died holding it.
 * `range`: the suspects: from the position the group resumes at up to the dead owner's `hi`.
   The new owner processes them one at a time, each under a `solo` mark, before anything else of
@@ -14,7 +15,7 @@ The count must outlive the process, so it is kept in Redis, in one hash per part
   the crash before too). At `crash_limit` it is quarantined without being decoded again: a
   CRASH_LOOP dead letter on the poison topic, and its partition moves on.
 
-So a healthy worker pays one pipelined Redis write per poll that read something, and nothing
+So a healthy worker pays one pipelined Redis write per 256 messages of a partition, and nothing
 else; only after a crash do the suspects cost a write each. When Redis is unreachable the guard
 stands down (a WARNING and `tidegate_worker_crash_guard_errors`) rather than stop serving.
 """
@@ -49,6 +50,7 @@ CRASHES = Counter(
 )
 _TTL_S = 7 * 24 * 3600
 _STAND_DOWN_S = 30.0
+_AHEAD = 256
 
 
 @dataclass(slots=True)
@@ -142,8 +144,11 @@ class CrashGuard:
         for partition, offset in highest.items():
             guard = self.partitions.get(partition)
             if guard is not None and offset > guard.written_hi:
-                guard.written_hi = offset
-                moved[partition] = offset
+                # Written ahead of what was read: one write per `_AHEAD` offsets instead of one
+                # per poll. After a crash the unread rest of the mark is suspect too, and costs
+                # that many messages run one at a time (a second or so).
+                guard.written_hi = offset + _AHEAD
+                moved[partition] = guard.written_hi
         if not moved or self._down():
             return
         try:
