@@ -19,13 +19,14 @@ from tests.support import unique, wait_for
 from tests.unit.schemas.test_codec import SAMPLES
 from tidegate.core.errors import SchemaMismatchError, UnknownSchemaError, WireFormatError
 from tidegate.core.kafka import make_consumer, make_producer
-from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.schemas.catalog import (
     INFERENCE_REQUEST,
     SCHEMA_DIR,
     SHADOW_COMPARISON,
     event_subjects,
     load_schema,
+    topic_subjects,
 )
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.registration import RegistryHttp
@@ -38,6 +39,8 @@ def _env(prefix: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE", "SHADOW"):
         env[f"TIDEGATE_TOPICS_{key}"] = f"{prefix}-{key.lower()}"
+    env["TIDEGATE_TOPICS_AUDIT"] = f"{prefix}-audit"
+    env["TIDEGATE_TOPICS_RETRY_PREFIX"] = f"{prefix}-retry"
     env["COLUMNS"] = "200"  # keep rich tables on one line per row
     return env
 
@@ -80,7 +83,12 @@ def test_register_then_refuse_incompatible_then_accept_compatible(tmp_path: Path
     assert first.returncode == 0, first.stdout + first.stderr
     rows = _rows(first.stdout)
     ours = {s: r for s, r in rows.items() if s.startswith(prefix)}
-    assert len(ours) == 7  # six topics' subjects and the shadow comparisons'
+    # Every topic subject of the layout, each under the test's own topic names.
+    layout = TopicSettings.model_validate(
+        {k.removeprefix("TIDEGATE_TOPICS_").lower(): v for k, v in env.items()
+         if k.startswith("TIDEGATE_TOPICS_")}
+    )  # fmt: skip
+    assert set(ours) == set(topic_subjects(layout))
     assert all(r[4] == "registered" and r[5] == "global" for r in ours.values())
     assert rows[f"{prefix}-shadow-value"][1] == SHADOW_COMPARISON
     # Each lifecycle event type under its own name, pinned to BACKWARD. These subjects are
