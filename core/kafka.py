@@ -1,7 +1,9 @@
 """The Kafka client factory: librdkafka config dicts derived from `KafkaSettings`.
 
 Like quixstreams' `ConnectionConfig`, the connection part is derived once from the settings and
-every client adds only its role's options. Defaults lean to safety: idempotent producers with
+every client adds only its role's options: security (SASL PLAIN/SCRAM, OAUTHBEARER through OIDC,
+TLS with or without a client certificate) is written in one place, so no client can be the one
+that forgot it. Defaults lean to safety: idempotent producers with
 acks=all, consumers that never auto-commit.
 
 Producers and consumers log through Python logging (the `librdkafka` logger), where
@@ -19,11 +21,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient
+from pydantic import SecretStr
 
 from tidegate.core.settings import KafkaSettings
 from tidegate.core.telemetry import RDKAFKA_LOGGER
 
 __all__ = [
+    "SECRET_OPTIONS",
     "admin_config",
     "connection_config",
     "consume_ready",
@@ -32,11 +36,16 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "producer_config",
+    "redacted",
 ]
 
 
 def connection_config(settings: KafkaSettings) -> dict[str, Any]:
-    """Options every client shares: brokers, identity and security."""
+    """Options every client shares: brokers, identity and security.
+
+    The dict holds secrets in clear (librdkafka needs them so): it is handed to a client and never
+    logged; `redacted` gives a copy fit for a log line.
+    """
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": settings.client_id,
@@ -45,15 +54,67 @@ def connection_config(settings: KafkaSettings) -> dict[str, Any]:
         # delayed ACK (tens of milliseconds) on a quiet connection.
         "socket.nagle.disable": True,
     }
-    if settings.sasl_mechanism:
-        conf["sasl.mechanism"] = settings.sasl_mechanism
-    if settings.sasl_username:
+    conf.update(_sasl_config(settings))
+    conf.update(_tls_config(settings))
+    return conf
+
+
+def _sasl_config(settings: KafkaSettings) -> dict[str, Any]:
+    if settings.sasl_mechanism is None:
+        return {}
+    conf: dict[str, Any] = {"sasl.mechanism": settings.sasl_mechanism}
+    if settings.sasl_mechanism != "OAUTHBEARER":
         conf["sasl.username"] = settings.sasl_username
-    if settings.sasl_password is not None:
-        conf["sasl.password"] = settings.sasl_password.get_secret_value()
+        conf["sasl.password"] = _secret(settings.sasl_password)
+        return conf
+    # librdkafka's own OIDC client-credentials flow: it fetches the token from the endpoint and
+    # refreshes it before expiry, with no Python callback on the hot path.
+    conf.update(
+        {
+            "sasl.oauthbearer.method": "oidc",
+            "sasl.oauthbearer.token.endpoint.url": settings.sasl_oauthbearer_token_endpoint_url,
+            "sasl.oauthbearer.client.id": settings.sasl_oauthbearer_client_id,
+            "sasl.oauthbearer.client.secret": _secret(settings.sasl_oauthbearer_client_secret),
+        }
+    )
+    if settings.sasl_oauthbearer_scope:
+        conf["sasl.oauthbearer.scope"] = settings.sasl_oauthbearer_scope
+    if settings.sasl_oauthbearer_extensions:
+        conf["sasl.oauthbearer.extensions"] = ",".join(
+            f"{k}={v}" for k, v in settings.sasl_oauthbearer_extensions.items()
+        )
+    return conf
+
+
+def _tls_config(settings: KafkaSettings) -> dict[str, Any]:
+    if not settings.uses_tls:
+        return {}
+    conf: dict[str, Any] = {
+        "ssl.endpoint.identification.algorithm": (
+            "https" if settings.ssl_endpoint_identification else "none"
+        ),
+    }
     if settings.ssl_ca_location:
         conf["ssl.ca.location"] = settings.ssl_ca_location
+    if settings.ssl_certificate_location:
+        conf["ssl.certificate.location"] = settings.ssl_certificate_location
+        conf["ssl.key.location"] = settings.ssl_key_location
+    if settings.ssl_key_password is not None:
+        conf["ssl.key.password"] = _secret(settings.ssl_key_password)
     return conf
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
+SECRET_OPTIONS = frozenset({"sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password"})
+"""The librdkafka options of `connection_config` that hold a secret."""
+
+
+def redacted(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a librdkafka dict with every secret replaced, for logs and error messages."""
+    return {k: "**********" if k in SECRET_OPTIONS else v for k, v in conf.items()}
 
 
 def producer_config(

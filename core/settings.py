@@ -49,10 +49,24 @@ def settings_config(prefix: str) -> SettingsConfigDict:
     return SettingsConfigDict(env_prefix=prefix, extra="forbid", validate_default=True)
 
 
-class KafkaSettings(BaseSettings):
-    """How to reach the Kafka cluster (env prefix `TIDEGATE_KAFKA_`)."""
+_TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 
-    model_config = settings_config("TIDEGATE_KAFKA_")
+
+class KafkaSettings(BaseSettings):
+    """How to reach the Kafka cluster (env prefix `TIDEGATE_KAFKA_`).
+
+    Authentication is one of: none, SASL PLAIN or SCRAM (user and password), SASL OAUTHBEARER
+    through OIDC client credentials (librdkafka fetches and refreshes the token itself), or mutual
+    TLS (a client certificate and key). TLS checks the broker's certificate against
+    `ssl_ca_location` (or the system's CAs) and its host name. Combinations that would be silently
+    ignored, such as a client certificate over PLAINTEXT, are refused here rather than discovered
+    in production. docs/kafka-security.md shows each.
+    """
+
+    # A refused combination must not print the input it was given: it holds the secrets.
+    model_config = SettingsConfigDict(
+        **settings_config("TIDEGATE_KAFKA_"), hide_input_in_errors=True
+    )
 
     bootstrap_servers: str = Field(
         "127.0.0.1:9092", description="Comma-separated host:port list of bootstrap brokers."
@@ -61,12 +75,45 @@ class KafkaSettings(BaseSettings):
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="librdkafka security.protocol."
     )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="SASL mechanism, required with a SASL security protocol."
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = (
+        Field(None, description="SASL mechanism, required with a SASL security protocol.")
     )
-    sasl_username: str | None = Field(None, description="SASL user name.")
-    sasl_password: SecretStr | None = Field(None, description="SASL password.")
-    ssl_ca_location: str | None = Field(None, description="Path of the CA bundle for SSL.")
+    sasl_username: str | None = Field(None, description="SASL user name (PLAIN, SCRAM).")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (PLAIN, SCRAM).")
+    sasl_oauthbearer_token_endpoint_url: str | None = Field(
+        None, description="OAUTHBEARER: the OIDC token endpoint (client-credentials grant)."
+    )
+    sasl_oauthbearer_client_id: str | None = Field(
+        None, description="OAUTHBEARER: the OIDC client id."
+    )
+    sasl_oauthbearer_client_secret: SecretStr | None = Field(
+        None, description="OAUTHBEARER: the OIDC client secret."
+    )
+    sasl_oauthbearer_scope: str | None = Field(
+        None, description="OAUTHBEARER: scope(s) to request, space-separated, if the issuer needs."
+    )
+    sasl_oauthbearer_extensions: dict[str, str] = Field(
+        default_factory=dict,
+        description="OAUTHBEARER: SASL extensions sent with the token (JSON object in the env), "
+        'e.g. Confluent Cloud\'s {"logicalCluster": "lkc-...", "identityPoolId": "pool-..."}.',
+    )
+    ssl_ca_location: str | None = Field(
+        None, description="Path of the CA bundle for SSL (unset: the system's CAs)."
+    )
+    ssl_certificate_location: str | None = Field(
+        None, description="Mutual TLS: path of the client certificate (PEM)."
+    )
+    ssl_key_location: str | None = Field(
+        None, description="Mutual TLS: path of the client's private key (PEM)."
+    )
+    ssl_key_password: SecretStr | None = Field(
+        None, description="Mutual TLS: password of an encrypted private key."
+    )
+    ssl_endpoint_identification: bool = Field(
+        True,
+        description="Check that the broker's certificate names the host connected to "
+        "(off only for brokers whose certificates cannot be fixed).",
+    )
     request_timeout_ms: int = Field(
         30_000, gt=0, description="Timeout of admin and metadata requests, in milliseconds."
     )
@@ -79,12 +126,66 @@ class KafkaSettings(BaseSettings):
             raise ValueError("bootstrap_servers must be a comma-separated list of host:port")
         return ",".join(hosts)
 
+    @field_validator("sasl_oauthbearer_token_endpoint_url")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("https://", "http://")):
+            raise ValueError("sasl_oauthbearer_token_endpoint_url must be an http(s):// URL")
+        return value
+
+    @field_validator("sasl_oauthbearer_extensions")
+    @classmethod
+    def _check_extensions(cls, value: dict[str, str]) -> dict[str, str]:
+        # librdkafka takes them as one `k=v,k=v` string: neither may hold a separator.
+        if any(sep in item for pair in value.items() for item in pair for sep in ",="):
+            raise ValueError("sasl_oauthbearer_extensions keys and values cannot hold ',' or '='")
+        return value
+
+    @property
+    def uses_tls(self) -> bool:
+        """The connection is encrypted (SSL or SASL_SSL)."""
+        return self.security_protocol in _TLS_PROTOCOLS
+
     @model_validator(mode="after")
     def _check_sasl(self) -> KafkaSettings:
-        if self.security_protocol.startswith("SASL") and not (
-            self.sasl_mechanism and self.sasl_username and self.sasl_password
-        ):
-            raise ValueError("a SASL security protocol needs sasl_mechanism, username and password")
+        sasl = self.security_protocol.startswith("SASL")
+        oauth = self.sasl_mechanism == "OAUTHBEARER"
+        if sasl and not self.sasl_mechanism:
+            raise ValueError("a SASL security protocol needs sasl_mechanism")
+        if self.sasl_mechanism and not sasl:
+            raise ValueError(
+                f"sasl_mechanism needs a SASL security protocol, not {self.security_protocol}"
+            )
+        # A user and password without PLAIN or SCRAM are let be: one Secret of credentials serves
+        # every deployment (deploy/k8s/secret.example.yaml), and only some of them use them.
+        if sasl and not oauth and not (self.sasl_username and self.sasl_password):
+            raise ValueError(f"SASL {self.sasl_mechanism} needs sasl_username and sasl_password")
+        oidc = {
+            "sasl_oauthbearer_token_endpoint_url": self.sasl_oauthbearer_token_endpoint_url,
+            "sasl_oauthbearer_client_id": self.sasl_oauthbearer_client_id,
+            "sasl_oauthbearer_client_secret": self.sasl_oauthbearer_client_secret,
+        }
+        if oauth:
+            if missing := [name for name, value in oidc.items() if not value]:
+                raise ValueError(f"SASL OAUTHBEARER (OIDC) needs {', '.join(missing)}")
+        elif any(oidc.values()) or self.sasl_oauthbearer_scope or self.sasl_oauthbearer_extensions:
+            raise ValueError("sasl_oauthbearer_* settings need sasl_mechanism OAUTHBEARER")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> KafkaSettings:
+        tls = {
+            "ssl_ca_location": self.ssl_ca_location,
+            "ssl_certificate_location": self.ssl_certificate_location,
+            "ssl_key_location": self.ssl_key_location,
+            "ssl_key_password": self.ssl_key_password,
+        }
+        if not self.uses_tls and (given := [name for name, value in tls.items() if value]):
+            raise ValueError(f"{', '.join(given)} need security_protocol SSL or SASL_SSL")
+        if bool(self.ssl_certificate_location) != bool(self.ssl_key_location):
+            raise ValueError("mutual TLS needs both ssl_certificate_location and ssl_key_location")
+        if self.ssl_key_password is not None and not self.ssl_key_location:
+            raise ValueError("ssl_key_password needs ssl_key_location")
         return self
 
 

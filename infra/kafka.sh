@@ -8,6 +8,9 @@
 #   3 nodes  var/kafka/cluster-3/node-K/{data,logs,server.properties}, var/run/kafka-K.pid
 # Without KAFKA_NODES, a 3-node cluster of this stack that runs is the one `up`, `down` and `status`
 # act on; otherwise the single node. `down` stops every node of either layout.
+#
+# The single node also listens on SASL_SSL (SCRAM-SHA-512) and on mutual TLS, with certificates
+# made at the first start (KAFKA_SECURITY, infra/kafka-tls.sh).
 
 KAFKA_ROOT=$STACK_VAR/kafka
 KAFKA_CLUSTER_DIR=$KAFKA_ROOT/cluster-3
@@ -82,6 +85,7 @@ kafka_configure() {
     -e "s|@DATA_DIR@|$KN_DIR/data|g" \
     -e "s|@REPLICATION@|$KAFKA_REPLICATION|g" -e "s|@MIN_ISR@|$KAFKA_MIN_ISR|g" \
     "$STACK_INFRA/kafka/server.properties.template" >"$KN_DIR/server.properties"
+  if kafka_secure; then kafka_tls_configure; fi
   if [[ -n "$KAFKA_CONFIG" ]]; then
     printf '\n# TIDEGATE_STACK_KAFKA_CONFIG\n%s\n' "$KAFKA_CONFIG" >>"$KN_DIR/server.properties"
   fi
@@ -117,6 +121,7 @@ kafka_format() {
 # On a cluster whose node died, this starts that node again and leaves the others alone.
 kafka_start() {
   local k pid cid other=$((KAFKA_NODES == 1 ? 3 : 1)) todo=()
+  kafka_tls_preflight
   if kafka_layout_running "$other"; then
     local which="3-node cluster"
     ((other == 1)) && which="single node"
@@ -129,6 +134,10 @@ kafka_start() {
     else
       require_free_port "$KN_NAME" "$KN_PORT"
       require_free_port "$KN_NAME-controller" "$KN_CONTROLLER_PORT"
+      if kafka_secure; then
+        require_free_port "$KN_NAME-sasl-ssl" "$KAFKA_SASL_SSL_PORT"
+        require_free_port "$KN_NAME-mtls" "$KAFKA_MTLS_PORT"
+      fi
       todo+=("$k")
     fi
   done
@@ -138,6 +147,7 @@ kafka_start() {
   if ((KAFKA_NODES == 1)); then
     mkdir -p "$KAFKA_ROOT/logs"
     cid=$(kafka_cluster_id "$KAFKA_ROOT/cluster-id" "$KAFKA_ROOT/logs/format.log")
+    if kafka_secure; then kafka_tls_setup; fi
   else
     cid=$(kafka_cluster_id "$KAFKA_CLUSTER_DIR/cluster-id" "$KAFKA_CLUSTER_DIR/cluster-id.log")
   fi
@@ -187,6 +197,7 @@ kafka_wait() {
     kafka_node 1 1
     wait_healthy kafka "$KAFKA_TIMEOUT" "$KN_PIDFILE" "$KN_LOG" kafka_probe
     log "kafka: healthy ($((SECONDS - started))s)"
+    if kafka_secure; then kafka_tls_users; fi
     return 0
   fi
   for ((k = 1; k <= KAFKA_NODES; k++)); do
@@ -248,7 +259,11 @@ kafka_status() {
       failed=1
       continue
     fi
-    server_line "$KN_NAME" up "$pid" "$STACK_HOST:$KN_PORT (controller $KN_CONTROLLER_PORT)"
+    local secure=""
+    if kafka_secure && [[ "$KN_NAME" == kafka ]] && kafka_tls_listening; then
+      secure="; SASL_SSL $KAFKA_SASL_SSL_PORT, mTLS $KAFKA_MTLS_PORT"
+    fi
+    server_line "$KN_NAME" up "$pid" "$STACK_HOST:$KN_PORT (controller $KN_CONTROLLER_PORT$secure)"
   done
   return "$failed"
 }
@@ -277,5 +292,7 @@ case "$KAFKA_NODES" in
 *) die "kafka: KAFKA_NODES must be 1 or 3, not '$KAFKA_NODES'" ;;
 esac
 KAFKA_VOTERS=$(kafka_voters)
+# shellcheck source=infra/kafka-tls.sh
+source "$STACK_INFRA/kafka-tls.sh"
 # `tidegate stack topics` and the registry (for its own topic) give every topic a replica per node.
 export TIDEGATE_TOPICS_REPLICATION_FACTOR=$KAFKA_REPLICATION

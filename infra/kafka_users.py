@@ -1,0 +1,102 @@
+"""Sets the local Kafka's SCRAM-SHA-512 user and checks its SASL_SSL and mutual-TLS listeners.
+
+Run by infra/kafka-tls.sh once the broker is healthy:
+
+    python infra/kafka_users.py USER SASL_SSL_ENV MTLS_ENV
+
+The user is upserted through the admin API of the PLAINTEXT listener (the address that infra/lib.sh
+exports as TIDEGATE_KAFKA_BOOTSTRAP_SERVERS), with the password read from the SASL_SSL env file, so
+it never appears on a command line or in output. Each listener is then asked for the cluster's
+metadata with its own env file's settings, as a client of tidegate would connect: `make up` fails
+here, loudly, rather than in the integration test. SCRAM credentials reach the broker's cache a
+moment after the controller takes them, so the check retries until a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from tidegate.core.kafka import make_admin
+from tidegate.core.settings import KafkaSettings
+
+__all__ = ["env_settings", "main"]
+
+PREFIX = "TIDEGATE_KAFKA_"
+ITERATIONS = 8192
+DEADLINE_S = 30.0
+DEFAULT = "127.0.0.1:9092"
+
+
+def env_settings(path: Path) -> KafkaSettings:
+    """KafkaSettings from a KEY=VALUE file of TIDEGATE_KAFKA_* lines (`main` has cleared those of
+    the environment, which name the PLAINTEXT listener)."""
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.startswith(PREFIX):
+            fields[key.removeprefix(PREFIX).lower()] = value
+    return KafkaSettings.model_validate(fields)
+
+
+def upsert(user: str, secure: KafkaSettings, plain: KafkaSettings) -> None:
+    if secure.sasl_password is None:
+        raise SystemExit("the SASL_SSL env file names no TIDEGATE_KAFKA_SASL_PASSWORD")
+    password = secure.sasl_password.get_secret_value().encode()
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, ITERATIONS)
+    admin = make_admin(plain)
+    futures = admin.alter_user_scram_credentials(
+        [UserScramCredentialUpsertion(user, info, password)]
+    )
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+def answers(settings: KafkaSettings) -> None:
+    """Waits until the listener of `settings` serves metadata, or raises at the deadline."""
+    admin = make_admin(settings)
+    deadline = time.monotonic() + DEADLINE_S
+    last = "no brokers in the metadata"
+    while time.monotonic() < deadline:
+        try:
+            if admin.list_topics(timeout=5).brokers:
+                return
+        except KafkaException as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise SystemExit(f"{settings.bootstrap_servers} did not answer in {DEADLINE_S:.0f}s: {last}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python infra/kafka_users.py USER SASL_SSL_ENV MTLS_ENV", file=sys.stderr)
+        return 2
+    user, sasl_env, mtls_env = argv
+    # Only the PLAINTEXT address comes from the environment: the settings of a shell that sourced
+    # an env file of the secure listeners must not leak into any client here.
+    servers = os.environ.get(f"{PREFIX}BOOTSTRAP_SERVERS", DEFAULT)
+    for key in [k for k in os.environ if k.startswith(PREFIX)]:
+        del os.environ[key]
+    plain = KafkaSettings(bootstrap_servers=servers)
+    sasl, mtls = env_settings(Path(sasl_env)), env_settings(Path(mtls_env))
+    upsert(user, sasl, plain)
+    answers(sasl)
+    answers(mtls)
+    print(
+        f"SCRAM-SHA-512 user {user} set; SASL_SSL on {sasl.bootstrap_servers} and mTLS on "
+        f"{mtls.bootstrap_servers} answer"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
