@@ -23,6 +23,7 @@ import fastavro.schema
 from tidegate.core.settings import TopicSettings
 
 __all__ = [
+    "AUDIT_EVENT",
     "DEAD_LETTER_ENVELOPE",
     "EVENT_SUBJECT_COMPATIBILITY",
     "INFERENCE_REQUEST",
@@ -46,6 +47,7 @@ LIFECYCLE_NAMESPACE = "dev.tidegate.lifecycle"
 MODEL_LIFECYCLE_EVENT = f"{LIFECYCLE_NAMESPACE}.ModelLifecycleEvent"
 SHADOW_COMPARISON = f"{LIFECYCLE_NAMESPACE}.ShadowComparison"
 DEAD_LETTER_ENVELOPE = "dev.tidegate.dlq.DeadLetterEnvelope"
+AUDIT_EVENT = "dev.tidegate.audit.AuditEvent"
 
 # Each event type evolves on its own: a new reader must read every event ever appended, since the
 # lifecycle topic is replayed from the beginning.
@@ -80,6 +82,7 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
         **{f"{topic}-value": DEAD_LETTER_ENVELOPE for topic in topics.retry_topics()},
         f"{topics.lifecycle}-value": MODEL_LIFECYCLE_EVENT,
         f"{topics.shadow}-value": SHADOW_COMPARISON,
+        f"{topics.audit}-value": AUDIT_EVENT,
     }
 
 

@@ -26,6 +26,7 @@ from tidegate.core.errors import (
     WireFormatError,
 )
 from tidegate.schemas.catalog import (
+    AUDIT_EVENT,
     DEAD_LETTER_ENVELOPE,
     INFERENCE_REQUEST,
     INFERENCE_RESULT,
@@ -142,6 +143,19 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "origin": None,
         "history": [],
         "retry_at": NOW,
+    },
+    AUDIT_EVENT: {
+        "event_id": "0f9e8d7c6b5a49382716051413121110",
+        "at": NOW,
+        "actor": "key:k-3f2a",
+        "action": "lifecycle.promote",
+        "outcome": "denied",
+        "source": "10.0.0.7:52114",
+        "target": "fraud@2",
+        "details": {"reason": "role infer lacks deploy", "method": "POST"},
+        "service": "gateway",
+        "request_id": "r-9",
+        "trace_id": None,
     },
 }
 
