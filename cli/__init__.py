@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import typer
 
+from tidegate.cli import audit_commands as audit
+from tidegate.cli import auth_commands as auth
 from tidegate.cli import backtest_commands, demo, produce, replay_commands, served
 from tidegate.cli import dlq_commands as dlq
+from tidegate.cli import lifecycle_session as session
 from tidegate.cli import model_commands as models
 from tidegate.cli import schema_commands as schemas
 from tidegate.cli import serve_controller as controller
@@ -23,6 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.callback()(session.act_as)
 app.command("registry", help="Run the Confluent-compatible schema registry service.")(
     registry.serve
 )
@@ -42,6 +46,7 @@ app.command("backtest", help="Re-score a time range on a candidate version, next
     backtest_commands.backtest_command
 )
 app.command("demo", help="Run the pipeline end to end on the local stack.")(demo.demo)
+app.command("audit", help="Read the audit trail: who did what, when, from where.")(audit.audit)
 app.command("demo-stop", help="Stop what `tidegate demo --keep` left running.")(demo.demo_stop)
 app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
 app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
@@ -49,6 +54,7 @@ app.add_typer(
     models.app, name="models", help="Register, roll out, roll back and inspect model versions."
 )
 app.add_typer(dlq.app, name="dlq", help="Inspect and redrive the dead-letter topics.")
+app.add_typer(auth.app, name="auth", help="Issue, list and revoke the gateway's API keys.")
 
 
 def main() -> None:

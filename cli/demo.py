@@ -5,7 +5,8 @@ the lifecycle controller, 2 workers and 1 gateway, sends `fraud` and `minilm` tr
 the V2 HTTP gateway and straight into Kafka, then shows the lifecycle: fraud 2 shadowed next to
 fraud 1 with the comparison, and a canary of the faulty fraud 3 rolled back by the controller on
 its own. It prints a summary and stops what it started unless `--keep`. `make demo` runs the
-set-up, the stack, the models and the schema registration before it.
+set-up, the stack, the models and the schema registration before it. The gateway authenticates
+every call: the demo issues its own `infer` and `admin` API keys and prints how to use them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tidegate.cli.demo_lifecycle import bootstrap, showcase
+from tidegate.cli.demo_lifecycle import bootstrap, demo_keys, showcase
 from tidegate.cli.procs import spawn, stop_recorded, wait_http
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 from tidegate.models.model_settings import ModelSettings
@@ -103,6 +104,9 @@ def demo(
     bootstrap(ModelSettings().store_dir.parent / "packages", console)
     gw = GatewaySettings()
     base = f"http://{gw.host}:{gw.port}"
+    console.rule("API keys (the gateway authenticates every call)")
+    keys = demo_keys(console, base)
+    infer_headers = {"Authorization": f"Bearer {keys['infer']}"}
     children = [
         spawn("controller", ["controller", "--migrate"], RUN_DIR),
         spawn(
@@ -125,7 +129,7 @@ def demo(
                 wait_http(f"http://127.0.0.1:{port}/metrics", child, 120)
             wait_http(f"{base}/v2/health/ready", children[3], 120)
             for model in ("fraud", "minilm"):
-                wait_http(f"{base}/v2/models/{model}/ready", children[3], 120)
+                wait_http(f"{base}/v2/models/{model}/ready", children[3], 120, infer_headers)
         run = uuid.uuid4().hex[:8]
         plan = [
             ("HTTP", "fraud", 200.0, int(1000 * scale)),
@@ -150,7 +154,13 @@ def demo(
                         results.append(
                             asyncio.run(
                                 http_load(
-                                    label, url, body, rate=rate, count=count, progress=advance
+                                    label,
+                                    url,
+                                    body,
+                                    rate=rate,
+                                    count=count,
+                                    progress=advance,
+                                    headers=infer_headers,
                                 )
                             )
                         )
@@ -192,6 +202,7 @@ def demo(
     console.print(table)
     if keep:
         console.print(f"Workers and gateway keep running ({base}); `make down` stops them.")
+        console.print("Call it with the API keys printed above (Authorization: Bearer tg_...).")
     # The canary's errors are fraud 3's deliberate faults, which the rollback is about; a lost
     # request is a failure anywhere.
     failed = [r for r in results if r.lost or (r.errors and "canary" not in r.label)]

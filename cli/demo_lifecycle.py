@@ -2,9 +2,9 @@
 
 `bootstrap` registers the example packages (idempotent: a re-run finds them registered) and
 promotes the served versions, so a fresh machine and a second run end in the same state.
-`showcase` shadows fraud 2 against fraud 1 on live traffic and prints the comparison, then
-starts a canary of fraud 3, which fails a fifth of its inputs, and waits for the controller to
-roll it back by itself.
+`demo_keys` issues the demo's API keys. `showcase` shadows fraud 2 against fraud 1 on live
+traffic and prints the comparison, then starts a canary of fraud 3, which fails a fifth of its
+inputs, and waits for the controller to roll it back by itself.
 """
 
 from __future__ import annotations
@@ -12,22 +12,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
 
+from tidegate.cli.auth_commands import issue
 from tidegate.cli.lifecycle_tables import compare_table, history_table
 from tidegate.clients.loadgen import KafkaLoad, LoadResult
 from tidegate.core.errors import ModelNotFoundError, TidegateError
+from tidegate.gateway.identity import Grant
 from tidegate.lifecycle.domain.render import event_view
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.lifecycle.operations.sessions import command_session
 
-__all__ = ["SERVED", "bootstrap", "showcase"]
+__all__ = ["SERVED", "bootstrap", "demo_keys", "showcase"]
 
 T = TypeVar("T")
-ACTOR = "demo"
+ACTOR = "local:demo"
+"""The demo acts as a named local identity, as every operator command does."""
+KEY_LIFETIME = timedelta(days=1)
 SERVED = (("fraud", "1"), ("fraud-lite", "1"), ("minilm", "1"))
 CANDIDATES = (("fraud", "2"), ("fraud", "3"))
 
@@ -62,6 +67,34 @@ def bootstrap(packages: Path, console: Console) -> None:
                 await c.promote(name, version, actor=ACTOR, force=True)
 
     _run(go)
+
+
+def demo_keys(console: Console, base: str) -> dict[str, str]:
+    """An `infer` key and an `admin` key of the demo's own (the gateway authenticates every
+    call), valid for a day, printed once with how to use them. Created as `tidegate auth keys
+    create` does: as the operator's local identity, each written to the audit trail."""
+    expires = datetime.now(UTC) + KEY_LIFETIME
+    keys = {}
+    for role in ("infer", "admin"):
+        issued = issue(f"demo {role}", (Grant(role),), expires_at=expires)
+        keys[role] = issued.key.get_secret_value()
+    console.print(
+        "API keys of this demo (shown once, valid for a day; `tidegate auth keys list` lists "
+        "them, `tidegate auth keys revoke ID` revokes one):",
+        highlight=False,
+    )
+    body = '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]}'
+    console.print(
+        f"  infer  {keys['infer']}\n"
+        f'    curl -H "Authorization: Bearer {keys["infer"]}" -H "Content-Type: '
+        f"application/json\" -d '{body}' {base}/v2/models/minilm/infer\n"
+        f"  admin  {keys['admin']}\n"
+        f'    curl -H "Authorization: Bearer {keys["admin"]}" {base}/admin/models',
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    return keys
 
 
 def _wait(what: str, probe: Callable[[], T | None], timeout_s: float) -> T:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,14 +83,17 @@ def stop_recorded(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
     return stopped
 
 
-def wait_http(url: str, child: Child, timeout_s: float) -> None:
-    """Poll URL until it answers 200, failing early (with the log) if the child dies."""
+def wait_http(
+    url: str, child: Child, timeout_s: float, headers: Mapping[str, str] | None = None
+) -> None:
+    """Poll URL (with `headers`, e.g. a key) until it answers 200, failing early (with the log)
+    if the child dies."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if child.process.poll() is not None:
             raise RuntimeError(f"{child.name} exited ({child.process.returncode}):\n{child.tail()}")
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, headers=headers).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

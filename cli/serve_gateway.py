@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
-__all__ = ["gateway"]
+__all__ = ["AUTH_ENABLED_ENV", "gateway"]
+
+AUTH_ENABLED_ENV = "TIDEGATE_AUTH_ENABLED"
 
 
 def gateway(
@@ -33,10 +36,31 @@ def gateway(
             "$TIDEGATE_GATEWAY_ADMIN, or on).",
         ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Turn authentication OFF: every caller acts as the admin 'local:insecure'. For "
+            "local experiments only; never on a reachable address (docs/security.md).",
+        ),
+    ] = False,
 ) -> None:
-    """Serve the Open Inference Protocol (V2) over Kafka until SIGTERM or Ctrl-C."""
+    """Serve the Open Inference Protocol (V2) over Kafka until SIGTERM or Ctrl-C. Every call is
+    authenticated (API keys from `tidegate auth keys create`, or JWTs; docs/security.md) unless
+    `--insecure`."""
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
     from tidegate.gateway.serving import serve
 
+    if insecure:
+        # Through the environment, which the spawned worker processes inherit; each logs the
+        # warning again as it starts, and /v2/health/ready says so in a header.
+        os.environ[AUTH_ENABLED_ENV] = "false"
+        typer.secho(
+            "WARNING: --insecure: authentication is OFF, anyone who reaches this gateway is "
+            "an admin.",
+            err=True,
+            fg=typer.colors.RED,
+            bold=True,
+        )
     given = {"host": host, "port": port, "workers": workers, "admin": admin}
     serve({name: value for name, value in given.items() if value is not None})

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -275,8 +275,10 @@ async def http_load(
     count: int,
     timeout_s: float = 30.0,
     progress: Callable[[int], None] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """POST `count` V2 requests to `url` at `rate`/s, open loop.
+    """POST `count` V2 requests to `url` at `rate`/s, open loop, with `headers` added to each
+    (e.g. `{"Authorization": "Bearer tg_..."}`: the gateway authenticates every call).
 
     aiohttp rather than httpx: on these 2 cores the generator shares the CPU with what it measures,
     and httpx's per-request cost (about 5 ms) capped the measured rate at the client.
@@ -286,7 +288,7 @@ async def http_load(
     result = LoadResult(label)
     connector = aiohttp.TCPConnector(limit=1024)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    headers = {"Content-Type": "application/json"}
+    sent_headers = {**(headers or {}), "Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -295,7 +297,7 @@ async def http_load(
         async def one(i: int, at: float) -> None:
             body = json.dumps(make_body(i)).encode()
             try:
-                async with session.post(url, data=body, headers=headers) as resp:
+                async with session.post(url, data=body, headers=sent_headers) as resp:
                     await resp.read()
                     status = "OK" if resp.status == 200 else f"HTTP {resp.status}"
             except (aiohttp.ClientError, TimeoutError) as exc:

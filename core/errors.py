@@ -13,6 +13,7 @@ from typing import ClassVar
 __all__ = [
     "ArtifactError",
     "ArtifactIntegrityError",
+    "AuthenticationError",
     "ConcurrencyConflictError",
     "ConfigurationError",
     "CrashLoopError",
@@ -33,7 +34,9 @@ __all__ = [
     "ModelTimeoutError",
     "ModelUnavailableError",
     "OverloadedError",
+    "PermissionDeniedError",
     "PromotionGateError",
+    "RateLimitedError",
     "RegistryUnavailableError",
     "ResultTimeoutError",
     "RetriableError",
@@ -230,6 +233,17 @@ class OverloadedError(InferenceError, RetriableError):
     code = "OVERLOADED"
 
 
+class RateLimitedError(RetriableError):
+    """The caller (or the model, across every caller) is over its rate limit. Retriable: the same
+    call succeeds once the window has room, which `retry_after_s` estimates."""
+
+    code = "RATE_LIMITED"
+
+    def __init__(self, retry_after_s: float, message: str | None = None) -> None:
+        super().__init__(message or f"rate limit exceeded; retry after {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
 class ResultTimeoutError(InferenceError, RetriableError):
     """No result arrived in time; the request may still complete and be fetched later."""
 
@@ -285,3 +299,21 @@ class LifecycleUnavailableError(RetriableError):
     """The event store (PostgreSQL) cannot be reached right now."""
 
     code = "LIFECYCLE_UNAVAILABLE"
+
+
+class AuthenticationError(FatalError):
+    """The caller did not say who it is, or said it with credentials that do not hold: missing,
+    malformed, unknown, wrongly signed, revoked or expired. `reason` is the precise cause, for
+    the audit trail; the message is what the caller is told, which never echoes a credential."""
+
+    code = "UNAUTHENTICATED"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class PermissionDeniedError(FatalError):
+    """The caller is known, but none of its grants allows this on this model."""
+
+    code = "PERMISSION_DENIED"

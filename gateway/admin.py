@@ -1,11 +1,14 @@
 """`/admin`: the model lifecycle commands over HTTP, as JSON.
 
-The same `LifecycleCommands` as `tidegate models ...`, the same JSON views as its `--json`. Who
-acts comes from one dependency, `request_actor` (the `X-Tidegate-Actor` header, "anonymous"
-without it); authentication replaces it with `app.dependency_overrides[request_actor]` and
-every endpoint follows. Errors are RFC 9457 problems: 404 for an unknown model, version or
-request, 409 when the model changed since it was read (nothing was written), 422 for a refused
-transition or a failed promotion gate, 400 for malformed arguments.
+The same `LifecycleCommands` as `tidegate models ...`, the same JSON views as its `--json`. Every
+route declares its permission (`tidegate.gateway.permissions.guarded`): reads need `read`,
+register, shadow, canary, promote, rollback, pin, unpin and experiments `deploy` on that model,
+retire `admin`. Who acts, as recorded in the event log, is the authenticated identity's subject
+(`request_actor`), never a header a caller writes. Every call of a `deploy` or `admin` route is
+written to the audit trail with its outcome. Errors are RFC 9457 problems: 401/403 for missing
+credentials or permission, 404 for an unknown model, version or request, 409 when the model
+changed since it was read (nothing was written), 422 for a refused transition or a failed
+promotion gate, 400 for malformed arguments.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
+import psycopg
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidegate.core.errors import (
     InvalidInputError,
     LifecycleUnavailableError,
-    TidegateError,
 )
+from tidegate.gateway.audit_hooks import answered
 from tidegate.gateway.backends import GatewayConfig
 from tidegate.gateway.dlq_api import install_dlq
-from tidegate.gateway.problems import error_problem, validation_problem
+from tidegate.gateway.identity import Permission
+from tidegate.gateway.permissions import guarded, request_identity
 from tidegate.lifecycle.domain.parse import parse_at
 from tidegate.lifecycle.domain.render import event_view, iso, state_view, summary_view, table_view
 from tidegate.lifecycle.domain.routing import RoutingTable
@@ -36,7 +40,6 @@ from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.lifecycle.operations.sessions import command_session
 
 __all__ = [
-    "ANONYMOUS",
     "AdminFactory",
     "AdminRoute",
     "install_admin",
@@ -45,35 +48,38 @@ __all__ = [
     "router",
 ]
 
-ANONYMOUS = "anonymous"
-
 
 class AdminRoute(APIRoute):
     """Answers errors as problems within the router, so /admin behaves the same whichever app
-    mounts it."""
+    mounts it, and writes each call of a `deploy` or `admin` route to the audit trail."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+        return answered(self, _storable(super().get_route_handler()), "lifecycle")
 
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except TidegateError as exc:
-                return error_problem(exc, instance=request.url.path)
-            except RequestValidationError as exc:
-                return validation_problem(exc, instance=request.url.path)
 
-        return guarded
+def _storable(
+    handler: Callable[[Request], Coroutine[Any, Any, Response]],
+) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    """A value PostgreSQL cannot hold or compare (a NUL character in a model name, a tenant or
+    a request id) is the caller's invalid input: 400, not the 500 of an unexpected error."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except psycopg.DataError as exc:
+            raise InvalidInputError(f"a value PostgreSQL cannot hold: {exc}") from None
+
+    return handle
 
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute, tags=["admin"])
 
 
-def request_actor(
-    x_tidegate_actor: Annotated[str | None, Header(max_length=200)] = None,
-) -> str:
-    """Who acts. Replace through `app.dependency_overrides` once callers authenticate."""
-    return (x_tidegate_actor or "").strip() or ANONYMOUS
+def request_actor(request: Request) -> str:
+    """Who acts: the subject of the identity the route's permission check authenticated
+    (`key:<id>`, `jwt:<issuer>/<sub>`, `local:insecure`). An `X-Tidegate-Actor` header is
+    ignored: a caller never names who it is recorded as."""
+    return request_identity(request).subject
 
 
 def _commands(request: Request) -> LifecycleCommands:
@@ -175,22 +181,25 @@ class ExperimentBody(_Body):
 # -- reads ----------------------------------------------------------------------------------------
 
 
-@router.get("/models")
-async def list_models(commands: Commands) -> list[dict[str, Any]]:
-    return [summary_view(s) for s in await commands.models()]
+@router.get("/models", **guarded(Permission.READ))
+async def list_models(commands: Commands, request: Request) -> list[dict[str, Any]]:
+    """The models the caller may read: all of them, or those its grants name."""
+    identity = request_identity(request)
+    summaries = await commands.models()
+    return [summary_view(s) for s in summaries if identity.allows(Permission.READ, s.model)]
 
 
-@router.get("/models/{name}")
+@router.get("/models/{name}", **guarded(Permission.READ, model_from="name"))
 async def status(name: str, commands: Commands) -> dict[str, Any]:
     return state_view(await commands.status(name))
 
 
-@router.get("/models/{name}/history")
+@router.get("/models/{name}/history", **guarded(Permission.READ, model_from="name"))
 async def history(name: str, commands: Commands) -> list[dict[str, Any]]:
     return [event_view(e) for e in await commands.history(name)]
 
 
-@router.get("/models/{name}/state")
+@router.get("/models/{name}/state", **guarded(Permission.READ, model_from="name"))
 async def state_at(name: str, commands: Commands, at: str | None = None) -> dict[str, Any]:
     """The routing table and state as they were at `at` (ISO-8601 or a time ago like -5m)."""
     moment = None
@@ -207,12 +216,12 @@ async def state_at(name: str, commands: Commands, at: str | None = None) -> dict
     }
 
 
-@router.get("/models/{name}/compare")
+@router.get("/models/{name}/compare", **guarded(Permission.READ, model_from="name"))
 async def compare(name: str, candidate: str, commands: Commands) -> dict[str, Any]:
     return await commands.compare(name, candidate)
 
 
-@router.get("/requests/{request_id}/served")
+@router.get("/requests/{request_id}/served", **guarded(Permission.READ))
 async def served(request_id: str, commands: Commands) -> dict[str, Any]:
     return await commands.served(request_id)
 
@@ -220,7 +229,7 @@ async def served(request_id: str, commands: Commands) -> dict[str, Any]:
 # -- writes ---------------------------------------------------------------------------------------
 
 
-@router.post("/models/{name}/versions")
+@router.post("/models/{name}/versions", **guarded(Permission.DEPLOY, model_from="name"))
 async def register(name: str, body: RegisterBody, commands: Commands, actor: Actor) -> JSONResponse:
     """Register a package from a path on the gateway's host: 201 when a version was
     registered (validated or failed, see `status`), 200 when it already was."""
@@ -234,7 +243,7 @@ async def register(name: str, body: RegisterBody, commands: Commands, actor: Act
     return JSONResponse(result.to_dict(), status_code=201 if result.action == "registered" else 200)
 
 
-@router.post("/models/{name}/shadow")
+@router.post("/models/{name}/shadow", **guarded(Permission.DEPLOY, model_from="name"))
 async def shadow(name: str, body: ShadowBody, commands: Commands, actor: Actor) -> dict[str, Any]:
     result = await commands.shadow(
         name,
@@ -247,7 +256,7 @@ async def shadow(name: str, body: ShadowBody, commands: Commands, actor: Actor) 
     return result.to_dict()
 
 
-@router.post("/models/{name}/canary")
+@router.post("/models/{name}/canary", **guarded(Permission.DEPLOY, model_from="name"))
 async def canary(name: str, body: CanaryBody, commands: Commands, actor: Actor) -> dict[str, Any]:
     result = await commands.canary(
         name,
@@ -261,7 +270,7 @@ async def canary(name: str, body: CanaryBody, commands: Commands, actor: Actor) 
     return result.to_dict()
 
 
-@router.post("/models/{name}/promote")
+@router.post("/models/{name}/promote", **guarded(Permission.DEPLOY, model_from="name"))
 async def promote(name: str, body: PromoteBody, commands: Commands, actor: Actor) -> dict[str, Any]:
     result = await commands.promote(
         name, body.version, actor=actor, force=body.force, expected_sequence=body.expected_sequence
@@ -269,7 +278,7 @@ async def promote(name: str, body: PromoteBody, commands: Commands, actor: Actor
     return result.to_dict()
 
 
-@router.post("/models/{name}/rollback")
+@router.post("/models/{name}/rollback", **guarded(Permission.DEPLOY, model_from="name"))
 async def rollback(
     name: str, body: RollbackBody, commands: Commands, actor: Actor
 ) -> dict[str, Any]:
@@ -279,7 +288,7 @@ async def rollback(
     return result.to_dict()
 
 
-@router.post("/models/{name}/retire")
+@router.post("/models/{name}/retire", **guarded(Permission.ADMIN, model_from="name"))
 async def retire(name: str, body: RetireBody, commands: Commands, actor: Actor) -> dict[str, Any]:
     result = await commands.retire(
         name, body.version, actor=actor, expected_sequence=body.expected_sequence
@@ -287,7 +296,7 @@ async def retire(name: str, body: RetireBody, commands: Commands, actor: Actor) 
     return result.to_dict()
 
 
-@router.post("/models/{name}/pin")
+@router.post("/models/{name}/pin", **guarded(Permission.DEPLOY, model_from="name"))
 async def pin(name: str, body: PinBody, commands: Commands, actor: Actor) -> dict[str, Any]:
     result = await commands.pin(
         name,
@@ -300,7 +309,7 @@ async def pin(name: str, body: PinBody, commands: Commands, actor: Actor) -> dic
     return result.to_dict()
 
 
-@router.post("/models/{name}/unpin")
+@router.post("/models/{name}/unpin", **guarded(Permission.DEPLOY, model_from="name"))
 async def unpin(name: str, body: UnpinBody, commands: Commands, actor: Actor) -> dict[str, Any]:
     result = await commands.unpin(
         name, body.rule_id, actor=actor, expected_sequence=body.expected_sequence
@@ -308,7 +317,7 @@ async def unpin(name: str, body: UnpinBody, commands: Commands, actor: Actor) ->
     return result.to_dict()
 
 
-@router.post("/models/{name}/experiment")
+@router.post("/models/{name}/experiment", **guarded(Permission.DEPLOY, model_from="name"))
 async def experiment(
     name: str, body: ExperimentBody, commands: Commands, actor: Actor
 ) -> dict[str, Any]:

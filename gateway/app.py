@@ -4,6 +4,8 @@
 default); the lifespan builds and starts them on the server's event loop and stops them on shutdown.
 With an `admin` factory (`tidegate.gateway.admin.lifecycle_admin`), the lifecycle commands are
 served under /admin too. Every error answers an RFC 9457 problem body (`tidegate.gateway.problems`).
+Every route authenticates and authorizes its caller (`tidegate.gateway.permissions`,
+docs/security.md).
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tidegate
 from tidegate.core.errors import TidegateError
+from tidegate.gateway.audit_hooks import start_trail
+from tidegate.gateway.authn import Authenticator, install_authenticator
 from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
+from tidegate.gateway.openapi_docs import install_openapi
+from tidegate.gateway.permissions import close_public_routes
 from tidegate.gateway.problems import error_problem, problem, validation_problem
+from tidegate.gateway.rate_limits import RateLimiter
 from tidegate.gateway.replica import GatewayRuntime
 from tidegate.gateway.routes import router
 
@@ -37,28 +44,40 @@ def create_app(
     config: GatewayConfig | None = None,
     services: ServicesFactory = kafka_services,
     admin: AdminFactory | None = None,
+    authenticator: Authenticator | None = None,
 ) -> FastAPI:
+    """`authenticator` defaults to the one `config.auth` describes (on by default: API keys
+    from `config.postgres`, JWTs when an issuer is set; `enabled=False` is `--insecure`)."""
     config = config or GatewayConfig()
+    auth = authenticator or Authenticator.from_settings(config.auth, config.postgres)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(auth)
             if admin is not None:
                 app.state.admin_commands = await stack.enter_async_context(admin(config))
             runtime = GatewayRuntime(config, services(config))
             await runtime.start()
             stack.push_async_callback(runtime.stop)
             app.state.gateway = runtime
+            app.state.audit = runtime.services.audit
+            await start_trail(app.state.audit)
+            app.state.rate_limiter = RateLimiter(config.rate_limits, config.redis)
+            stack.push_async_callback(app.state.rate_limiter.close)
             _log.info("gateway replica %s started", config.gateway.replica_id)
             yield
 
     app = FastAPI(title="tidegate gateway", version=tidegate.__version__, lifespan=lifespan)
+    install_authenticator(app, auth)
     app.include_router(router)
     if admin is not None:
         # Imported only here: a gateway without /admin never loads the lifecycle's database code.
         from tidegate.gateway.admin import install_admin
 
         install_admin(app)
+    close_public_routes(app, auth)
+    install_openapi(app)
 
     @app.exception_handler(TidegateError)
     async def _tidegate_error(request: Request, exc: TidegateError) -> Response:

@@ -1,9 +1,9 @@
 """What the gateway talks to, behind small interfaces, and how the real ones are built.
 
 `GatewayConfig` bundles the settings; `GatewayServices` holds the publisher, the reply feed, the
-result store, the model catalog and the result decoder. `kafka_services` builds the real ones
-(Kafka, Redis, the registry, and the lifecycle feed that says which versions are served and what
-their signatures are); tests build in-memory ones instead.
+result store, the model catalog, the result decoder and the audit trail. `kafka_services` builds
+the real ones (Kafka, Redis, the registry, the lifecycle feed that says which versions are served
+and what their signatures are, and the `audit-log` writer); tests build in-memory ones instead.
 """
 
 from __future__ import annotations
@@ -17,18 +17,22 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 from redis.asyncio import Redis
 
+from tidegate.clients.audit import AuditTrail, KafkaAuditTrail
 from tidegate.core.settings import (
     KafkaSettings,
+    PostgresSettings,
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
     TracingSettings,
 )
 from tidegate.core.tracing import TRACING_OFF, Tracing, start_tracing
+from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.lease import PartitionLease
 from tidegate.gateway.model_catalog import ModelCatalog
 from tidegate.gateway.publisher import KafkaPublisher, RequestPublisher
+from tidegate.gateway.rate_limit_settings import RateLimitSettings
 from tidegate.gateway.replies import ReplyFeed
 from tidegate.gateway.reply_feed import KafkaReplyFeed
 from tidegate.gateway.result_store import RedisResultStore, ResultStore
@@ -47,6 +51,10 @@ class GatewayConfig:
     registry: SchemaRegistrySettings = field(default_factory=SchemaRegistrySettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    # Who may call (on by default) and where the API keys are (the `api_keys` table).
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    postgres: PostgresSettings = field(default_factory=PostgresSettings)
+    rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
 
 
 @dataclass
@@ -58,6 +66,8 @@ class GatewayServices:
     decode_result: Callable[[bytes], dict[str, Any]]
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     tracing: Tracing = TRACING_OFF
+    # Admin actions and failed authentications (`tidegate.gateway.audit_hooks`); None: none kept.
+    audit: AuditTrail | None = None
 
     async def close(self) -> None:
         for close in self.closers:
@@ -103,6 +113,12 @@ def kafka_services(config: GatewayConfig, *, tracing: Tracing | None = None) -> 
     async def stop_lifecycle() -> None:
         await asyncio.to_thread(lifecycle.stop)
 
+    # Started by the app's lifespan (a registry look-up); closing flushes what is queued.
+    audit = KafkaAuditTrail(config.kafka, config.topics, config.registry, service="gateway")
+
+    async def stop_audit() -> None:
+        await asyncio.to_thread(audit.close)
+
     return GatewayServices(
         catalog=ModelCatalog(lifecycle),
         publisher=KafkaPublisher(config.kafka, config.topics, config.registry, tracing=tracing),
@@ -117,6 +133,7 @@ def kafka_services(config: GatewayConfig, *, tracing: Tracing | None = None) -> 
         store=RedisResultStore(redis, gateway.result_ttl_s),
         decode_result=decode,
         # Tracing last: what stopping still traces is exported.
-        closers=[redis.aclose, stop_lifecycle, *closers],
+        closers=[redis.aclose, stop_lifecycle, stop_audit, *closers],
         tracing=tracing,
+        audit=audit,
     )

@@ -19,6 +19,7 @@ process, which answers 404; the checkpoint is in Kafka, so a resume works from a
 still running when the app stops are stopped the same way. Errors are problems from
 `tidegate.gateway.problems`: 400 for a bad filter, topic or rate, 404 for a letter or job not
 found, 422 for a run id already running here, 503 when Kafka or the registry cannot be read.
+Every route needs the `admin` permission (401/403 otherwise) and is written to the audit trail.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from typing import Annotated, Any
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from tidegate.core.errors import InvalidInputError, InvalidTransitionError, TidegateError
+from tidegate.core.errors import InvalidInputError, InvalidTransitionError
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.dlq.inspect import dead_letter_topics, find_letter, letter_stats, list_letters
 from tidegate.dlq.letters import LetterFilter, letter_view
@@ -49,8 +49,10 @@ from tidegate.dlq.redrive_report import (
     RedriveReport,
     new_run_id,
 )
+from tidegate.gateway.audit_hooks import answered
 from tidegate.gateway.http_errors import RequestNotFoundError
-from tidegate.gateway.problems import error_problem, validation_problem
+from tidegate.gateway.identity import Permission
+from tidegate.gateway.permissions import guarded
 from tidegate.lifecycle.domain.parse import parse_at
 
 __all__ = [
@@ -72,20 +74,11 @@ class DeadLetterNotFoundError(RequestNotFoundError):
 
 
 class _DlqRoute(APIRoute):
-    """Answers errors as problems within the router, whichever app mounts it (as /admin's)."""
+    """Answers errors as problems within the router, whichever app mounts it (as /admin's), and
+    writes every call to the audit trail: each needs `admin`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except TidegateError as exc:
-                return error_problem(exc, instance=request.url.path)
-            except RequestValidationError as exc:
-                return validation_problem(exc, instance=request.url.path)
-
-        return guarded
+        return answered(self, super().get_route_handler(), "dlq")
 
 
 @dataclass
@@ -160,6 +153,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 router = APIRouter(prefix="/admin/dlq", route_class=_DlqRoute, tags=["dlq"], lifespan=_lifespan)
+ADMIN = guarded(Permission.ADMIN)
+"""Every dead-letter route needs `admin`: letters carry whole request payloads."""
 
 
 def install_dlq(app: FastAPI, service: DlqService | None = None) -> None:
@@ -257,7 +252,7 @@ class RedriveBody(BaseModel):
 # -- reads ----------------------------------------------------------------------------------------
 
 
-@router.get("/messages")
+@router.get("/messages", **ADMIN)
 async def messages(
     service: Service,
     filters: Filters,
@@ -271,7 +266,7 @@ async def messages(
     return {"topics": names, "count": len(views), "truncated": more, "messages": views}
 
 
-@router.get("/messages/{topic}/{partition}/{offset}")
+@router.get("/messages/{topic}/{partition}/{offset}", **ADMIN)
 async def message(
     topic: str,
     partition: Annotated[int, Path(ge=0)],
@@ -285,7 +280,7 @@ async def message(
     return letter_view(letter, full=True)
 
 
-@router.get("/stats")
+@router.get("/stats", **ADMIN)
 async def stats(service: Service, filters: Filters) -> dict[str, Any]:
     names = dead_letter_topics(service.topics, filters.topic)
     view = (await letter_stats(service.kafka, service.registry, names, filters.letters())).view()
@@ -296,7 +291,7 @@ async def stats(service: Service, filters: Filters) -> dict[str, Any]:
 # -- redrive --------------------------------------------------------------------------------------
 
 
-@router.post("/redrive")
+@router.post("/redrive", **ADMIN)
 async def start_redrive(body: RedriveBody, service: Service, request: Request) -> JSONResponse:
     if body.resume and body.run_id is None:
         raise InvalidInputError("resume needs the run_id of the run to resume", field="run_id")
@@ -326,17 +321,17 @@ async def start_redrive(body: RedriveBody, service: Service, request: Request) -
     return JSONResponse(job.view(), status_code=202, headers={"Location": location})
 
 
-@router.get("/redrive")
+@router.get("/redrive", **ADMIN)
 async def redrive_jobs(service: Service) -> list[dict[str, Any]]:
     return [job.view() for job in service.jobs.values()]
 
 
-@router.get("/redrive/{run_id}", name="redrive_status")
+@router.get("/redrive/{run_id}", name="redrive_status", **ADMIN)
 async def redrive_status(run_id: str, service: Service, outcomes: bool = False) -> dict[str, Any]:
     return service.job(run_id).view(outcomes=outcomes)
 
 
-@router.delete("/redrive/{run_id}")
+@router.delete("/redrive/{run_id}", **ADMIN)
 async def stop_redrive(run_id: str, service: Service) -> dict[str, Any]:
     job = service.job(run_id)
     job.redrive.stop()

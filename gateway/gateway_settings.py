@@ -1,8 +1,15 @@
-"""Settings of the V2 HTTP facade."""
+"""Settings of the V2 HTTP facade.
+
+The edge's limits (docs/gateway-hardening.md) are here too: how long a client may take to send
+its headers and its body, how many connections one address may hold open, and the certificate the
+gateway serves TLS with when no proxy terminates it.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings
 
 from tidegate.core.settings import instance_id, settings_config
@@ -62,3 +69,50 @@ class GatewaySettings(BaseSettings):
         ge=1,
         description="On SIGTERM, how long open connections may finish before they are closed.",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long a connection may take to send a request's line and headers (from "
+        "when it opens, or from the first byte of a later request on it): past it the "
+        "connection is closed, with a 408 if a request had begun.",
+    )
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest request line and headers together; larger ones are answered 431.",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a request's whole body may take to arrive after its headers: "
+        "past it the call is answered 408 and the connection closed.",
+    )
+    max_connections_per_client: int = Field(
+        256,
+        ge=1,
+        description="Connections one client address may hold open on each gateway process; "
+        "more are answered 429 and closed. Behind a proxy every client shares the proxy's "
+        "address: raise it there and let the proxy cap clients.",
+    )
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1",
+        description="Comma-separated addresses (or `*`) of proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto are believed: a call from one of them is taken to come from the "
+        "client the proxy names.",
+    )
+    tls_certfile: Path | None = Field(
+        None, description="PEM certificate chain to serve HTTPS with (with `tls_keyfile`)."
+    )
+    tls_keyfile: Path | None = Field(
+        None, description="PEM private key of `tls_certfile`; unset, the gateway serves HTTP."
+    )
+    tls_keyfile_password: SecretStr | None = Field(
+        None, description="Password of an encrypted `tls_keyfile`."
+    )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewaySettings:
+        # A certificate without its key (or the reverse) would silently serve plain HTTP.
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("tls_certfile and tls_keyfile are set together, or neither")
+        return self

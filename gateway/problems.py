@@ -11,6 +11,7 @@ as tritonclient, read the message of a failed call from `error`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from tidegate.core.errors import (
     ArtifactError,
+    AuthenticationError,
     ConcurrencyConflictError,
     DeadlineExceededError,
     InvalidInputError,
@@ -28,6 +30,8 @@ from tidegate.core.errors import (
     ModelNotFoundError,
     ModelUnavailableError,
     OverloadedError,
+    PermissionDeniedError,
+    RateLimitedError,
     ResultTimeoutError,
     RetriableError,
     SchemaRegistryError,
@@ -41,6 +45,7 @@ from tidegate.gateway.http_errors import (
 )
 
 __all__ = [
+    "BEARER_CHALLENGE",
     "PROBLEM_JSON",
     "ProblemResponse",
     "error_problem",
@@ -50,15 +55,20 @@ __all__ = [
     "registry_status_for_error",
     "result_problem",
     "status_for_error",
+    "status_for_error_type",
     "status_for_result",
     "validation_problem",
 ]
 
 PROBLEM_JSON = "application/problem+json"
 RETRY_AFTER_S = 1
+BEARER_CHALLENGE = 'Bearer realm="tidegate"'
 
 # Most specific first: the first class an error is an instance of decides.
 _ERROR_STATUS: tuple[tuple[type[TidegateError], int], ...] = (
+    # Who is calling is unknown (401, with a `WWW-Authenticate` challenge), or may not do this.
+    (AuthenticationError, 401),
+    (PermissionDeniedError, 403),
     # The model changed since the caller read it: nothing was written, read again and decide.
     (ConcurrencyConflictError, 409),
     # Well-formed, but refused: a transition the state does not allow, a package that fails.
@@ -70,6 +80,7 @@ _ERROR_STATUS: tuple[tuple[type[TidegateError], int], ...] = (
     (SerializationError, 400),
     (ModelNotFoundError, 404),
     (RequestNotFoundError, 404),
+    (RateLimitedError, 429),
     (DeadlineExceededError, 504),
     (ResultTimeoutError, 504),
     (OverloadedError, 503),
@@ -107,7 +118,13 @@ def registry_http_status(error_code: int) -> int:
 
 
 def status_for_error(error: TidegateError) -> int:
-    return next((status for cls, status in _ERROR_STATUS if isinstance(error, cls)), 500)
+    return status_for_error_type(type(error))
+
+
+def status_for_error_type(error_type: type[TidegateError]) -> int:
+    """The status every error of this class answers: what the OpenAPI documents for a route
+    that raises it (`tidegate.gateway.openapi_docs`)."""
+    return next((status for cls, status in _ERROR_STATUS if issubclass(error_type, cls)), 500)
 
 
 def registry_status_for_error(error: TidegateError) -> int:
@@ -166,6 +183,9 @@ def problem(
     out_headers = dict(headers or {})
     if status == 503:
         out_headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    if status == 401:
+        # RFC 9110 11.6.1: a 401 says how to authenticate (RFC 6750's bearer scheme).
+        out_headers.setdefault("WWW-Authenticate", BEARER_CHALLENGE)
     return ProblemResponse(body, status_code=status, headers=out_headers)
 
 
@@ -179,6 +199,11 @@ def error_problem(
     extensions: dict[str, Any] = {}
     if isinstance(error, ConcurrencyConflictError):
         extensions = {"expected_sequence": error.expected, "actual_sequence": error.actual}
+    if isinstance(error, RateLimitedError):
+        # RFC 9110 Retry-After is whole seconds; rounding up never invites a retry that is early.
+        retry_after = max(1, math.ceil(error.retry_after_s))
+        headers = {**(headers or {}), "Retry-After": str(retry_after)}
+        extensions = {"retry_after_s": retry_after}
     return problem(
         status_for_error(error),
         str(error) or type(error).__name__,

@@ -14,12 +14,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tidegate
 from tidegate.gateway import v2_http
+from tidegate.gateway.identity import Permission
+from tidegate.gateway.permissions import guarded
 from tidegate.gateway.problems import problem
 from tidegate.gateway.replica import GatewayRuntime
 
-__all__ = ["EXTENSIONS", "router"]
+__all__ = ["EXTENSIONS", "INSECURE_HEADER", "router"]
 
 EXTENSIONS = ["binary_tensor_data", "parameters"]
+INSECURE_HEADER = "X-Tidegate-Insecure"
 
 router = APIRouter()
 
@@ -30,22 +33,25 @@ def _runtime(request: Request) -> GatewayRuntime:
 
 
 # Routes are matched in order, one regular expression each: inference, the hot path, goes first.
-@router.post("/v2/models/{model}/infer")
+@router.post("/v2/models/{model}/infer", **guarded(Permission.INFER, model_from="model"))
 async def infer(request: Request, model: str) -> Response:
     return await v2_http.infer(_runtime(request).inference, request, model, None)
 
 
-@router.post("/v2/models/{model}/versions/{version}/infer")
+@router.post(
+    "/v2/models/{model}/versions/{version}/infer",
+    **guarded(Permission.INFER, model_from="model"),
+)
 async def infer_version(request: Request, model: str, version: str) -> Response:
     return await v2_http.infer(_runtime(request).inference, request, model, version)
 
 
-@router.get("/v2/health/live")
+@router.get("/v2/health/live", **guarded(Permission.PUBLIC, closable="health"))
 async def live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/v2/health/ready")
+@router.get("/v2/health/ready", **guarded(Permission.PUBLIC, closable="health"))
 async def ready(request: Request) -> Response:
     missing = _runtime(request).not_ready()
     if missing:
@@ -56,41 +62,49 @@ async def ready(request: Request) -> Response:
             code="UNAVAILABLE",
             ready=False,
         )
-    return JSONResponse({"ready": True})
+    response = JSONResponse({"ready": True})
+    authenticator = getattr(request.app.state, "authenticator", None)
+    if authenticator is not None and authenticator.insecure:
+        # Loud on purpose: a probe or an operator sees that this gateway lets anyone in.
+        response.headers[INSECURE_HEADER] = "authentication is off (--insecure)"
+    return response
 
 
-@router.get("/v2")
+@router.get("/v2", **guarded(Permission.READ))
 async def server_metadata() -> dict[str, Any]:
     return {"name": "tidegate", "version": tidegate.__version__, "extensions": EXTENSIONS}
 
 
-@router.get("/v2/models/{model}")
+@router.get("/v2/models/{model}", **guarded(Permission.READ, model_from="model"))
 async def model_metadata(request: Request, model: str) -> dict[str, Any]:
     return await _runtime(request).services.catalog.metadata(model)
 
 
-@router.get("/v2/models/{model}/versions/{version}")
+@router.get("/v2/models/{model}/versions/{version}", **guarded(Permission.READ, model_from="model"))
 async def version_metadata(request: Request, model: str, version: str) -> dict[str, Any]:
     return await _runtime(request).services.catalog.metadata(model, version)
 
 
-@router.get("/v2/models/{model}/ready")
+@router.get("/v2/models/{model}/ready", **guarded(Permission.READ, model_from="model"))
 async def model_ready(request: Request, model: str) -> dict[str, Any]:
     await _runtime(request).services.catalog.check_ready(model)
     return {"name": model, "ready": True}
 
 
-@router.get("/v2/models/{model}/versions/{version}/ready")
+@router.get(
+    "/v2/models/{model}/versions/{version}/ready",
+    **guarded(Permission.READ, model_from="model"),
+)
 async def version_ready(request: Request, model: str, version: str) -> dict[str, Any]:
     await _runtime(request).services.catalog.check_ready(model, version)
     return {"name": model, "version": version, "ready": True}
 
 
-@router.get("/v2/requests/{request_id}")
+@router.get("/v2/requests/{request_id}", **guarded(Permission.INFER))
 async def fetch(request: Request, request_id: str) -> Response:
     return await v2_http.fetch(_runtime(request).inference, request_id)
 
 
-@router.get("/metrics")
+@router.get("/metrics", **guarded(Permission.PUBLIC, closable="metrics"))
 async def prometheus() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -7,6 +7,10 @@ environment. Each worker is a replica of its own: its own replica id, hence its 
 partition of the replies topic and its own reply consumer. The supervisor stops every worker on
 SIGTERM or SIGINT (each drains as one replica does: the lease released, the producer flushed)
 and replaces a worker that dies.
+
+Every process serves HTTP with `GatewayHttpProtocol` (`tidegate.gateway.slow_clients`), which cuts
+off clients slow to send their headers or body and caps connections per client address, and with
+TLS when `tls_certfile` and `tls_keyfile` are set (docs/gateway-hardening.md).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from pydantic import SecretStr
 
 from tidegate.core.errors import ConfigurationError
 from tidegate.core.settings import TopicSettings
@@ -25,6 +30,7 @@ from tidegate.gateway.admin import lifecycle_admin
 from tidegate.gateway.app import create_app
 from tidegate.gateway.backends import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.slow_clients import GatewayHttpProtocol
 
 __all__ = ["APP_FACTORY", "serve", "served_app", "uvicorn_options", "worker_settings"]
 
@@ -50,7 +56,8 @@ def served_app() -> FastAPI:
 
 
 def uvicorn_options(settings: GatewaySettings) -> dict[str, Any]:
-    return {
+    """uvicorn's options for these settings (what `serve` runs it with)."""
+    options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
         "workers": settings.workers,
@@ -59,14 +66,28 @@ def uvicorn_options(settings: GatewaySettings) -> dict[str, Any]:
         "log_config": None,
         "lifespan": "on",
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+        # A class, pickled by name into spawned workers, which read its limits from the
+        # environment as they read the app's settings.
+        "http": GatewayHttpProtocol,
+        "proxy_headers": True,
+        "forwarded_allow_ips": settings.forwarded_allow_ips,
     }
+    if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+        password = settings.tls_keyfile_password
+        options.update(
+            ssl_certfile=str(settings.tls_certfile),
+            ssl_keyfile=str(settings.tls_keyfile),
+            ssl_keyfile_password=password.get_secret_value() if password else None,
+        )
+    return options
 
 
 def serve(overrides: Mapping[str, Any] | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C, with `overrides` of the `GatewaySettings` fields."""
     # Workers read their settings from the environment they inherit, overrides included.
     for name, value in (overrides or {}).items():
-        os.environ[f"{_ENV_PREFIX}{name.upper()}"] = str(value)
+        plain = value.get_secret_value() if isinstance(value, SecretStr) else value
+        os.environ[f"{_ENV_PREFIX}{name.upper()}"] = str(plain)
     configure_logging()
     settings = GatewaySettings()
     topics = TopicSettings()

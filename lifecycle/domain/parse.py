@@ -21,7 +21,11 @@ def parse_at(text: str, now: datetime | None = None) -> datetime:
     relative = _RELATIVE.match(value)
     if relative:
         seconds = float(relative.group(1)) * _UNITS[relative.group(2)]
-        return current - timedelta(seconds=seconds)
+        try:
+            return current - timedelta(seconds=seconds)
+        except OverflowError:
+            # Before year 1 (or past what timedelta holds): no instant to read at.
+            raise ValueError(f"{text!r} reaches back before the year 1") from None
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:

@@ -2,7 +2,8 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`) runs one part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`) runs one
+part.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from tests.bench import (
+    auth_cost,
     codec,
     failure_cost,
     faust_vs_confluent,
@@ -29,6 +31,7 @@ PARTS = {
     "profile": profile.run,
     "tracing": tracing_cost.run,
     "failures": failure_cost.run,
+    "auth": auth_cost.run,
 }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.bench.bench_keys import infer_headers
 from tests.support import unique
 from tidegate.cli.demo import TEXTS, fraud_body, fraud_record, minilm_body, minilm_record
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
@@ -140,11 +141,12 @@ def kafka_attempt(load: KafkaLoad, model: str, tag: str, rate: float) -> LoadRes
     )
 
 
-def _http_attempt(model: str, base: str, rate: float) -> LoadResult:
+def _http_attempt(model: str, base: str, headers: dict[str, str], rate: float) -> LoadResult:
     body = fraud_body if model == "fraud" else minilm_body
     url = f"{base}/v2/models/{model}/infer"
+    count = max(1, int(rate * STEP_S))
     return asyncio.run(
-        http_load(f"http {model}", url, body, rate=rate, count=max(1, int(rate * STEP_S)))
+        http_load(f"http {model}", url, body, rate=rate, count=count, headers=headers)
     )
 
 
@@ -198,6 +200,7 @@ def run() -> None:
     bootstrap(ModelSettings().store_dir.parent / "packages", Console())
     gw = GatewaySettings()
     base = f"http://{gw.host}:{gw.port}"
+    headers = infer_headers()  # the gateway runs as deployed: authentication on
     children = [
         spawn(
             "worker-1",
@@ -228,7 +231,7 @@ def run() -> None:
                 )
                 print(f"pipeline: HTTP path, {model}")
                 sustained[f"http {model}"], _ = _sweep(
-                    model, functools.partial(_http_attempt, model, base), rates
+                    model, functools.partial(_http_attempt, model, base, headers), rates
                 )
     finally:
         for child in children:

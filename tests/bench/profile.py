@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from tests.bench.bench_keys import infer_headers
 from tests.bench.versus import RUN_DIR, tidegate_workers
 from tests.support import unique
 from tidegate.cli.demo import fraud_body, fraud_record
@@ -90,13 +91,16 @@ def run() -> None:
             f"  kafka: p99 {result.p(0.99):.1f} ms, lost {result.lost}, "
             f"batch {result.mean_batch:.1f}"
         )
+        headers = infer_headers()  # as deployed: authentication on
         gateway = spawn("gateway", ["gateway", "--no-admin"], RUN_DIR)
         try:
             wait_http(f"{base}/v2/health/ready", gateway, 120)
             spy = record(gateway.process.pid, "gateway")
             url = f"{base}/v2/models/fraud/infer"
             count = int(http_rate * (SECONDS + 2))
-            result = asyncio.run(http_load("profile", url, fraud_body, rate=http_rate, count=count))
+            result = asyncio.run(
+                http_load("profile", url, fraud_body, rate=http_rate, count=count, headers=headers)
+            )
             spy.wait(30)
             print(f"  http: p99 {result.p(0.99):.1f} ms, lost {result.lost}")
         finally:

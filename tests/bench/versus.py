@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.bench.bench_keys import infer_headers
 from tests.bench.mlserver import peer as mlserver
 from tests.bench.peers import jsonload, run_peers
 from tests.bench.pipeline import BARS, STEP_S, kafka_attempt, wait_group_settled
@@ -95,9 +96,14 @@ def sweep(label: str, attempt: Callable[[float], LoadResult], cpu: CpuReaders) -
 
 
 def http_attempt(
-    label: str, url: str, body: Callable[[int], dict[str, Any]], rate: float
+    label: str,
+    url: str,
+    body: Callable[[int], dict[str, Any]],
+    rate: float,
+    headers: dict[str, str] | None = None,
 ) -> LoadResult:
-    return asyncio.run(http_load(label, url, body, rate=rate, count=max(1, int(rate * STEP_S))))
+    count = max(1, int(rate * STEP_S))
+    return asyncio.run(http_load(label, url, body, rate=rate, count=count, headers=headers))
 
 
 def json_attempt(load: KafkaLoad, label: str, rate: float) -> LoadResult:
@@ -145,6 +151,8 @@ def measure_tidegate() -> dict[str, Sweep]:
     base = f"http://{gw.host}:{gw.port}"
     with tidegate_workers() as workers:
         kafka = kafka_sweep("tidegate kafka", workers)
+        # As deployed: authentication on, an `infer` key on every call.
+        headers = infer_headers()
         gateway_child = spawn("gateway", ["gateway", "--no-admin"], RUN_DIR)
         try:
             wait_http(f"{base}/v2/health/ready", gateway_child, 120)
@@ -152,7 +160,7 @@ def measure_tidegate() -> dict[str, Sweep]:
             url = f"{base}/v2/models/fraud/infer"
             http = sweep(
                 "tidegate http",
-                functools.partial(http_attempt, "tidegate http", url, fraud_body),
+                functools.partial(http_attempt, "tidegate http", url, fraud_body, headers=headers),
                 {
                     "all": lambda: cpu_seconds(workers + gateway),
                     "gateway": lambda: cpu_seconds(gateway),

@@ -119,7 +119,9 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         )
         pipe.start_worker("e2e-w1")
         pipe.start_worker("e2e-w2")
-        pipe.gateway = spawn("gateway", ["gateway"], pipe.run_dir, env)
+        # The e2e tests are about the pipeline; authentication has tests of its own
+        # (tests/integration/gateway/test_auth*.py), so this gateway runs without it.
+        pipe.gateway = spawn("gateway", ["gateway", "--insecure"], pipe.run_dir, env)
         wait_http(f"{pipe.base_url}/v2/health/ready", pipe.gateway, 120)
         yield pipe
     finally:

@@ -24,6 +24,8 @@ from tests.support import wait_for
 from tests.unit.agents.test_dataplane import lifecycle_state, registered
 from tidegate.clients.producer import PublishError
 from tidegate.gateway.app import create_app
+from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.backends import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.model_catalog import ModelCatalog
@@ -246,10 +248,18 @@ class Harness:
             decode_result=decode_result,
         )
         settings = {"default_timeout_s": 5.0, "max_body_bytes": 4096, **gateway}
-        self.config = GatewayConfig(gateway=GatewaySettings(**settings))
+        # Authentication off (`--insecure`): these tests are not about it; tests/unit/gateway/
+        # test_auth*.py and test_permissions.py install an `authenticator` of their own.
+        self.config = GatewayConfig(
+            gateway=GatewaySettings(**settings), auth=AuthSettings(enabled=False)
+        )
+        self.authenticator: Authenticator | None = None
 
     def client(self) -> TestClient:
-        return TestClient(create_app(self.config, lambda _config: self.services))
+        app = create_app(
+            self.config, lambda _config: self.services, authenticator=self.authenticator
+        )
+        return TestClient(app)
 
 
 @pytest.fixture

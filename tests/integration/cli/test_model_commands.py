@@ -61,7 +61,7 @@ def env(pg_settings: PostgresSettings, tmp_path: Path, lifecycle_topic: str) -> 
         "TIDEGATE_POSTGRES_DB_SCHEMA": pg_settings.db_schema,
         "TIDEGATE_MODELS_STORE_DIR": str(tmp_path / "store"),
         "TIDEGATE_TOPICS_LIFECYCLE": lifecycle_topic,
-        "TIDEGATE_ACTOR": "alice",
+        "TIDEGATE_CLI_ACTOR": "alice",
     }
 
 
@@ -130,7 +130,7 @@ def test_register_validate_inspect_and_promote(
     first = register(env, packages, "1")
     assert (first["action"], first["status"], first["version"]) == ("registered", "validated", "1")
     assert [e["type"] for e in first["events"]] == ["ModelRegistered", "ArtifactValidated"]
-    assert {e["actor"] for e in first["events"]} == {"alice"}
+    assert {e["actor"] for e in first["events"]} == {"local:alice"}
     assert first["events"][1]["payload"]["load_ms"] > 0
     assert first["events"][0]["correlation_id"] == first["events"][1]["correlation_id"]
     again = register(env, packages, "1")
@@ -384,7 +384,7 @@ def test_state_at_and_served_before_and_after_a_promotion(
         assert served["request"]["worker_id"] == "w1"
         assert served["state"]["primary"] == version
         assert served["lineage"]["version"] == version
-        assert served["lineage"]["registered_by"] == "alice"
+        assert served["lineage"]["registered_by"] == "local:alice"
     assert cli_json(env, "served", "req-after")["lineage"]["forced"] is True
     table = cli(env, "served", "req-before")
     assert table.exit_code == 0

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from tests.integration.dlq import dlq_fixtures
 from tests.integration.dlq.dlq_fixtures import DlqStack, read_all
 from tidegate.core.errors import InvalidInputError, ModelExecutionError
+from tidegate.gateway.authn import INSECURE, Authenticator, install_authenticator
 from tidegate.gateway.dlq_api import DlqService, install_dlq
 from tidegate.gateway.problems import PROBLEM_JSON
 
@@ -46,6 +47,8 @@ async def client(dlq_stack: DlqStack) -> AsyncIterator[httpx.AsyncClient]:
     write(dlq_stack)
     app = FastAPI()
     install_dlq(app, DlqService(dlq_stack.kafka, dlq_stack.topics, dlq_stack.registry))
+    # Not a test of authentication (tests/integration/gateway/test_auth.py is): an admin calls.
+    install_authenticator(app, Authenticator.fixed(INSECURE))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://dlq") as http:
         yield http

@@ -1,6 +1,7 @@
 """`/admin` against the real PostgreSQL, Kafka and registry, through httpx's ASGI transport: the
-same flows as the CLI, with the actor from `X-Tidegate-Actor`, and RFC 9457 problems with
-404 / 409 / 422 / 400 for unknown things, conflicts, refusals and malformed input."""
+same flows as the CLI, with the actor from the caller's identity (never `X-Tidegate-Actor`), and
+RFC 9457 problems with 404 / 409 / 422 / 400 for unknown things, conflicts, refusals and malformed
+input."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from tidegate.core.settings import (
 )
 from tidegate.gateway.admin import install_admin, lifecycle_admin
 from tidegate.gateway.app import create_app
+from tidegate.gateway.authn import Authenticator, install_authenticator
+from tidegate.gateway.identity import Identity, grants_of
 from tidegate.gateway.problems import PROBLEM_JSON
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.eventstore.event_store import EventStore
@@ -35,6 +38,8 @@ from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.store import LocalArtifactStore
+
+BOB = Identity("key:bob", "api-key", grants_of(["admin"]))
 
 
 @pytest.fixture
@@ -74,6 +79,8 @@ async def commands(
 async def client(commands: LifecycleCommands) -> AsyncIterator[httpx.AsyncClient]:
     app = FastAPI()
     install_admin(app, commands)
+    # Every call is BOB's; the X-Tidegate-Actor headers below must change nothing.
+    install_authenticator(app, Authenticator.fixed(BOB))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
         yield http
@@ -108,11 +115,11 @@ async def test_register_promote_and_read_back(
 ) -> None:
     first = ok(await register(client, packages, "1", **{"X-Tidegate-Actor": "bob"}), 201)
     assert (first["status"], first["action"]) == ("validated", "registered")
-    assert {e["actor"] for e in first["events"]} == {"bob"}
+    assert {e["actor"] for e in first["events"]} == {BOB.subject}
     again = ok(await register(client, packages, "1"), 200)
     assert again["action"] == "unchanged"
     second = ok(await register(client, packages, "2"), 201)
-    assert {e["actor"] for e in second["events"]} == {"anonymous"}
+    assert {e["actor"] for e in second["events"]} == {BOB.subject}
 
     listed = ok(await client.get("/admin/models"))
     assert [m["model"] for m in listed] == ["fraud"]
@@ -126,7 +133,7 @@ async def test_register_promote_and_read_back(
     state = ok(await client.get("/admin/models/fraud"))
     assert (state["primary"], state["sequence"]) == ("1", 5)
     history = ok(await client.get("/admin/models/fraud/history"))
-    assert [(e["type"], e["actor"]) for e in history][-1] == ("Promoted", "c")
+    assert [(e["type"], e["actor"]) for e in history][-1] == ("Promoted", BOB.subject)
 
     then = ok(await client.get("/admin/models/fraud/state", params={"at": before.isoformat()}))
     assert (then["state"]["primary"], then["state"]["sequence"]) == (None, 4)
@@ -147,7 +154,7 @@ async def test_register_promote_and_read_back(
         )
     served = ok(await client.get("/admin/requests/req-1/served"))
     assert (served["request"]["version"], served["state"]["primary"]) == ("1", "1")
-    assert served["lineage"]["registered_by"] == "bob"
+    assert served["lineage"]["registered_by"] == BOB.subject
 
     problem(await client.get("/admin/models/nope"), 404, "NOT_FOUND")
     problem(await client.get("/admin/models/nope/history"), 404, "NOT_FOUND")
@@ -251,7 +258,8 @@ def test_create_app_mounts_admin_only_with_a_lifecycle(
             headers={"X-Tidegate-Actor": "dana"},
         )
         assert created.status_code == 201, created.text
-        assert created.json()["events"][0]["actor"] == "dana"
+        # The harness runs without authentication: the actor is the insecure local admin.
+        assert created.json()["events"][0]["actor"] == "local:insecure"
         assert http.get("/v2/health/live").status_code == 200
     with TestClient(create_app(config, lambda _c: harness.services)) as http:
         response = http.get("/admin/models")

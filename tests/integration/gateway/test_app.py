@@ -34,6 +34,7 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import (
     GatewayConfig,
     GatewayServices,
@@ -67,6 +68,7 @@ def start_gateway(
             kafka=kafka_settings,
             topics=topics,
             registry=registry_settings,
+            auth=AuthSettings(enabled=False),  # not about authentication (test_auth.py is)
         )
         server = GatewayServer(config, services)
         started.append(server)

@@ -23,6 +23,7 @@ from tests.integration.workers import Stack, running
 from tests.support import unique
 from tidegate.core.settings import TracingSettings
 from tidegate.core.tracing import start_tracing
+from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import GatewayConfig, kafka_services
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.models.model_settings import ModelSettings
@@ -57,6 +58,7 @@ async def test_one_trace_runs_from_the_gateway_through_kafka_and_the_worker_to_t
         kafka=stack.kafka,
         topics=stack.topics,
         registry=stack.registry,
+        auth=AuthSettings(enabled=False),  # not about authentication (test_auth.py is)
     )
     request_id = unique("traced")
     body = {

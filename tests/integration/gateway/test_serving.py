@@ -79,7 +79,10 @@ def test_workers_share_the_port_each_on_its_own_reply_partition(
 ) -> None:
     port = free_port()
     env = {**topic_env(topics), "TIDEGATE_GATEWAY_PORT": str(port)}
-    child = spawn("gateway", ["gateway", "--workers", "2", "--no-admin"], tmp_path, env)
+    # Not about authentication (test_auth.py is): the workers run without it.
+    child = spawn(
+        "gateway", ["gateway", "--workers", "2", "--no-admin", "--insecure"], tmp_path, env
+    )
     client = redis.Redis.from_url(RedisSettings().url)
     workers: set[int] = set()
     everyone: set[int] = set()

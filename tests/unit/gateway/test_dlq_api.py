@@ -16,6 +16,7 @@ from tidegate.dlq.inspect import DeadLetterUnavailableError
 from tidegate.dlq.redrive import Redrive
 from tidegate.dlq.redrive_report import RedriveOptions
 from tidegate.gateway.admin import install_admin
+from tidegate.gateway.authn import INSECURE, Authenticator, install_authenticator
 from tidegate.gateway.dlq_api import DlqService, RedriveJob, _service, install_dlq
 from tidegate.gateway.problems import PROBLEM_JSON
 
@@ -28,6 +29,8 @@ TOPICS = TopicSettings(failed="t-failed", poison="t-poison")
 def client() -> TestClient:
     app = FastAPI()
     install_dlq(app, DlqService(NOWHERE, TOPICS, SchemaRegistrySettings()))
+    # Not a test of authentication (tests/unit/gateway/test_permissions.py is): an admin calls.
+    install_authenticator(app, Authenticator.fixed(INSECURE))
     return TestClient(app)
 
 

@@ -1,17 +1,22 @@
 """How `tidegate gateway` runs uvicorn: no access log unless asked, the app from an import-string
-factory, and one replica id per worker process."""
+factory, one replica id per worker process, the connection limits in every process, and TLS when
+a certificate is given."""
 
 from __future__ import annotations
 
 import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
+from pydantic import SecretStr, ValidationError
 
 from tidegate.core.errors import ConfigurationError
 from tidegate.gateway import serving
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.slow_clients import ConnectionLimits, GatewayHttpProtocol
 
 
 def test_the_access_log_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,3 +74,41 @@ def test_the_factory_builds_the_app_from_the_environment(monkeypatch: pytest.Mon
     paths = {getattr(route, "path", "") for route in app.routes}
     assert "/v2/models/{model}/infer" in paths
     assert not any(path.startswith("/admin") for path in paths)
+
+
+def test_every_process_serves_with_the_connection_limits() -> None:
+    options = serving.uvicorn_options(GatewaySettings())
+    assert options["http"] is GatewayHttpProtocol
+    # Spawned workers get uvicorn's config pickled: the class must travel by name.
+    assert pickle.loads(pickle.dumps(options["http"])) is GatewayHttpProtocol  # noqa: S301
+    assert "ssl_certfile" not in options, "plain HTTP unless a certificate is given"
+    # Only the local proxy is believed about who the client is, unless configured.
+    assert options["forwarded_allow_ips"] == "127.0.0.1"
+
+
+def test_the_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDEGATE_GATEWAY_HEADER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("TIDEGATE_GATEWAY_BODY_TIMEOUT_S", "7")
+    monkeypatch.setenv("TIDEGATE_GATEWAY_MAX_CONNECTIONS_PER_CLIENT", "12")
+    monkeypatch.setenv("TIDEGATE_GATEWAY_MAX_HEADER_BYTES", "4096")
+    assert ConnectionLimits.of(GatewaySettings()) == ConnectionLimits(2.5, 7.0, 12, 4096)
+
+
+def test_tls_is_served_with_the_certificate_and_the_key_password(tmp_path: Path) -> None:
+    settings = GatewaySettings(
+        tls_certfile=tmp_path / "cert.pem",
+        tls_keyfile=tmp_path / "key.pem",
+        tls_keyfile_password=SecretStr("s3cret-pass"),
+    )
+    options = serving.uvicorn_options(settings)
+    assert options["ssl_certfile"] == str(tmp_path / "cert.pem")
+    assert options["ssl_keyfile"] == str(tmp_path / "key.pem")
+    assert options["ssl_keyfile_password"] == "s3cret-pass"
+    assert "s3cret-pass" not in repr(settings)
+
+
+def test_a_certificate_without_its_key_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="tls_certfile and tls_keyfile"):
+        GatewaySettings(tls_certfile=tmp_path / "cert.pem")
+    with pytest.raises(ValidationError, match="tls_certfile and tls_keyfile"):
+        GatewaySettings(tls_keyfile=tmp_path / "key.pem")

@@ -1,0 +1,191 @@
+"""What the gateway writes to the audit trail: admin actions, refused credentials (docs/audit.md).
+
+The trail is `request.app.state.audit` (a `tidegate.clients.audit.KafkaAuditTrail` that the
+gateway starts with its other backends; any `AuditTrail` in tests). Without one, nothing is
+recorded. `record` never blocks nor raises, so auditing costs a refused call no Kafka round trip
+and a broken audit topic cannot refuse calls.
+
+* `auth.failed`: missing, malformed, unknown, revoked, expired or wrongly signed credentials on a
+  route that needs them; actor `anonymous`, `details.reason` says why.
+* `auth.denied`: an authenticated caller without the permission (403); actor its identity.
+* An admin action: every call of a route that needs `deploy` or `admin`, named `lifecycle.<route>`
+  (`lifecycle.promote`, `lifecycle.retire`, ...) or `dlq.<route>` (`dlq.start_redrive`, ...).
+  `target` is the model, `model@version` when one is named, `outcome` `success` (2xx/3xx),
+  `denied` (401/403) or `failure` (anything else; `details.status` has the status).
+
+`source` is the client's `host:port`. Credentials never reach an entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+
+from tidegate.clients.audit import DENIED, FAILURE, SUCCESS, AuditTrail
+from tidegate.core.errors import TidegateError
+from tidegate.gateway.identity import ANONYMOUS, Identity, Permission
+from tidegate.gateway.problems import error_problem, validation_problem
+
+__all__ = [
+    "AUDITED",
+    "PERMISSION_KEY",
+    "answered",
+    "audit_action",
+    "audit_auth_failure",
+    "audit_denied",
+    "client_address",
+    "outcome_of",
+    "start_trail",
+]
+
+_log = logging.getLogger(__name__)
+
+PERMISSION_KEY = "x-tidegate-permission"
+"""Where a route's `openapi_extra` declares its permission (`tidegate.gateway.permissions`)."""
+
+AUDITED = frozenset({Permission.DEPLOY, Permission.ADMIN})
+"""Routes needing these permissions are admin actions, each recorded."""
+
+
+def _trail(request: Request) -> AuditTrail | None:
+    trail: AuditTrail | None = getattr(request.app.state, "audit", None)
+    return trail
+
+
+def client_address(request: Request) -> str | None:
+    """The client's host (what a rate limit counts an anonymous caller by)."""
+    return request.client.host if request.client is not None else None
+
+
+def _source(request: Request) -> str | None:
+    client = request.client
+    return f"{client.host}:{client.port}" if client is not None else None
+
+
+def outcome_of(status: int) -> str:
+    if status < 400:
+        return SUCCESS
+    if status in (401, 403):
+        return DENIED
+    return FAILURE
+
+
+def audit_auth_failure(request: Request, reason: str) -> None:
+    trail = _trail(request)
+    if trail is None:
+        return
+    trail.record(
+        "auth.failed",
+        actor=ANONYMOUS.subject,
+        outcome=DENIED,
+        source=_source(request),
+        target=request.url.path,
+        details={"reason": reason, "method": request.method},
+    )
+
+
+def audit_denied(
+    request: Request, identity: Identity, needed: Permission, model: str | None
+) -> None:
+    trail = _trail(request)
+    if trail is None:
+        return
+    details = {
+        "permission": needed.value,
+        "method": request.method,
+        "roles": ",".join(identity.roles),
+    }
+    if model is not None:
+        details["model"] = model
+    trail.record(
+        "auth.denied",
+        actor=identity.subject,
+        outcome=DENIED,
+        source=_source(request),
+        target=request.url.path,
+        details=details,
+    )
+
+
+def _target(request: Request) -> str | None:
+    params = request.path_params
+    model = params.get("name") or params.get("model")
+    version = params.get("version")
+    if version is None:
+        # The body FastAPI already read for the route (Starlette caches it on the request).
+        body = getattr(request, "_body", None)
+        if body:
+            try:
+                parsed: Any = json.loads(body)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict) and isinstance(parsed.get("version"), str):
+                version = parsed["version"]
+    if model is None:
+        return params.get("run_id") or None
+    return f"{model}@{version}" if version else str(model)
+
+
+def audit_action(request: Request, action: str, status: int) -> None:
+    """Record one call of an admin route, after it answered `status`."""
+    trail = _trail(request)
+    if trail is None:
+        return
+    identity: Identity = getattr(request.state, "identity", ANONYMOUS)
+    trail.record(
+        action,
+        actor=identity.subject,
+        outcome=outcome_of(status),
+        source=_source(request),
+        target=_target(request),
+        details={"status": str(status), "method": request.method, "path": request.url.path},
+    )
+
+
+async def start_trail(trail: AuditTrail | None) -> None:
+    """Start a trail that needs starting (`KafkaAuditTrail` looks its schema up in the registry).
+    One that cannot start is logged as an error, and each entry it then loses is logged and
+    counted by the trail: the gateway keeps serving rather than turn a broken audit topic into
+    an outage of inference."""
+    start = getattr(trail, "start", None)
+    if start is None:
+        return
+    try:
+        await asyncio.to_thread(start)
+    except Exception as exc:  # the registry or Kafka: whatever it is, inference goes on
+        _log.error("the audit trail could not start, entries will be lost: %s", exc)
+
+
+def answered(
+    route: APIRoute, handler: Callable[[Request], Coroutine[Any, Any, Response]], area: str
+) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    """`handler` with errors answered as problems and, for admin actions, audited as
+    `<area>.<route name>`."""
+    declared = (route.openapi_extra or {}).get(PERMISSION_KEY)
+    audited = declared is not None and Permission(declared) in AUDITED
+    action = f"{area}.{route.name}"
+
+    async def guarded_handler(request: Request) -> Response:
+        try:
+            response = await handler(request)
+        except TidegateError as exc:
+            response = error_problem(exc, instance=request.url.path)
+        except RequestValidationError as exc:
+            response = validation_problem(exc, instance=request.url.path)
+        except Exception:
+            if audited:
+                audit_action(request, action, 500)
+            raise
+        if audited:
+            audit_action(request, action, response.status_code)
+        return response
+
+    return guarded_handler

@@ -1,0 +1,147 @@
+"""Who is calling: the identity of an HTTP request, from its `Authorization` header.
+
+`Authorization: Bearer tg_...` is one of tidegate's API keys (`tidegate.gateway.key_verifier`),
+any other bearer credential a JWT of the configured issuer (`tidegate.gateway.jwt_verify`). No
+header is the anonymous caller, which only `public` routes accept (`tidegate.gateway.
+permissions` decides). With authentication off (`tidegate gateway --insecure`), every caller is
+`INSECURE`, a local admin, whatever it presents.
+
+`Authenticator` is built with the app (`create_app`) and opened by its lifespan: the key store's
+pool then connects in the background, so a gateway starts even while PostgreSQL is down (keys
+are then answered 503 until it is back). Tests of routes that are not about authentication
+install `Authenticator.fixed(identity)` instead (`install_authenticator`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from fastapi import FastAPI, Request
+from psycopg_pool import AsyncConnectionPool
+
+from tidegate.core.db import make_pool
+from tidegate.core.errors import AuthenticationError
+from tidegate.core.settings import PostgresSettings
+from tidegate.gateway.api_keys import KEY_PREFIX, KeyStore
+from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.identity import ANONYMOUS, Identity, grants_of
+from tidegate.gateway.jwt_verify import JwtVerifier
+from tidegate.gateway.key_verifier import KeyVerifier
+
+__all__ = ["INSECURE", "Authenticator", "install_authenticator"]
+
+_log = logging.getLogger(__name__)
+
+INSECURE = Identity("local:insecure", "local", grants_of(["admin"]))
+"""Every caller of a gateway started with `--insecure`."""
+
+INSECURE_WARNING = (
+    "AUTHENTICATION IS OFF (--insecure / TIDEGATE_AUTH_ENABLED=false): every caller of this "
+    "gateway acts as the admin 'local:insecure'. Never expose it beyond your own machine."
+)
+
+
+@dataclass(frozen=True)
+class _PoolSize:
+    pool_min_size: int = 1
+    pool_max_size: int = 4
+
+
+class Authenticator:
+    """Turns a request's credentials into an `Identity`. Use as an async context manager (the
+    app's lifespan does) to open and close the key store's pool."""
+
+    def __init__(
+        self,
+        settings: AuthSettings,
+        *,
+        keys: KeyVerifier | None = None,
+        tokens: JwtVerifier | None = None,
+        pool: AsyncConnectionPool[Any] | None = None,
+        fixed: Identity | None = None,
+    ) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.tokens = tokens
+        self._pool = pool
+        self._fixed = fixed if fixed is not None else (None if settings.enabled else INSECURE)
+
+    @classmethod
+    def from_settings(cls, settings: AuthSettings, postgres: PostgresSettings) -> Authenticator:
+        """The gateway's: API keys from PostgreSQL when `api_keys`, JWTs when an issuer is set.
+        Nothing connects until the authenticator is entered."""
+        if not settings.enabled:
+            return cls(settings)
+        keys = pool = None
+        if settings.api_keys:
+            pool = make_pool(postgres, _PoolSize())
+            keys = KeyVerifier(
+                KeyStore(pool), ttl_s=settings.revocation_s, max_entries=settings.cache_size
+            )
+        tokens = JwtVerifier(settings) if settings.jwt_enabled else None
+        return cls(settings, keys=keys, tokens=tokens, pool=pool)
+
+    @classmethod
+    def fixed(cls, identity: Identity, settings: AuthSettings | None = None) -> Authenticator:
+        """Every call is `identity` (tests of routes that are not about authentication)."""
+        return cls(settings or AuthSettings(), fixed=identity)
+
+    @property
+    def insecure(self) -> bool:
+        return not self.settings.enabled
+
+    def is_open(self, what: str) -> bool:
+        """Whether the closable public route `what` (health, metrics) needs no credentials."""
+        if what == "health":
+            return self.settings.open_health
+        return self.settings.open_metrics
+
+    async def __aenter__(self) -> Authenticator:
+        if self.insecure:
+            _log.warning(INSECURE_WARNING)
+        if self._pool is not None:
+            await self._pool.open(wait=False)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def authenticate(self, request: Request) -> Identity:
+        """The caller's identity; `ANONYMOUS` without credentials. Raises
+        `AuthenticationError` for credentials that do not hold (never echoing them)."""
+        if self._fixed is not None:
+            return self._fixed
+        header = request.headers.get("authorization")
+        if header is None:
+            return ANONYMOUS
+        scheme, _, credentials = header.partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() != "bearer" or not credentials:
+            raise AuthenticationError(
+                "use an `Authorization: Bearer <API key or token>` header",
+                "malformed Authorization header",
+            )
+        if credentials.startswith(KEY_PREFIX):
+            if self.keys is None:
+                raise AuthenticationError("API keys are not accepted here", "API keys off")
+            return await self.keys.verify(credentials)
+        if self.tokens is None:
+            raise AuthenticationError(
+                "bearer tokens are not accepted here; use an API key", "no JWT issuer configured"
+            )
+        return await self.tokens.verify(credentials)
+
+
+def install_authenticator(app: FastAPI, authenticator: Authenticator) -> Authenticator:
+    """Make `authenticator` the one every route of `app` asks (its owner opens it, if needed)."""
+    app.state.authenticator = authenticator
+    return authenticator

@@ -1,0 +1,237 @@
+"""Cutting off slow and greedy HTTP clients at the connection, before the app sees them.
+
+uvicorn bounds only the idle wait between keep-alive requests (`timeout_keep_alive`): a connection
+that opens and sends nothing, or trickles its headers a byte at a time, or its body, stays open
+for as long as the client likes, each holding a file descriptor and parser state. A thousand such
+clients exhaust a replica without sending a single request. So the gateway serves HTTP with
+`GatewayHttpProtocol`, uvicorn's httptools protocol with four limits (`ConnectionLimits`):
+
+* the request line and headers must be complete within `header_timeout_s`, counted from when the
+  connection opens (for its first request) or from the first byte of a later one;
+* the body must be complete within `body_timeout_s` of its headers. This lives here rather than
+  in `tidegate.gateway.body` so that it holds for every route that takes a body (/admin and the
+  registry API too), and because a request cut off mid-body must lose its connection anyway:
+  the rest of the body is still on the wire;
+* the request line and headers may not exceed `max_header_bytes` (httptools sets no bound);
+* one client address may hold at most `max_connections_per_client` open connections per process;
+  more are answered 429 and closed at once, before their request is read.
+
+A request cut off after it began is answered 408 with a problem body and `Connection: close`,
+unless its response has already started; a connection that never sent a byte is just closed.
+The deadlines are timers on the event loop, armed and cancelled once per request: a normal call
+pays two `call_later`s and a sum per header line, nothing per byte.
+
+uvicorn takes the protocol as a class (its `http` option). Worker processes of `--workers N` are
+spawned with the configuration pickled, so the class is named by reference and reads its limits
+from `GatewaySettings` in the environment they inherit, as the app factory does; `guarded_protocol`
+makes a class with limits of its own, for a server in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tidegate.core.telemetry import get_logger
+from tidegate.gateway.gateway_settings import GatewaySettings
+
+__all__ = ["ConnectionLimits", "GatewayHttpProtocol", "guarded_protocol"]
+
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections_per_client: int
+    max_header_bytes: int = 64 * 1024
+
+    @classmethod
+    def of(cls, settings: GatewaySettings) -> ConnectionLimits:
+        return cls(
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            settings.max_connections_per_client,
+            settings.max_header_bytes,
+        )
+
+
+def _problem(status: int, phrase: str, code: str, detail: str) -> bytes:
+    """A whole HTTP/1.1 response with an RFC 9457 body, written without the app."""
+    body = json.dumps(
+        {
+            "type": f"urn:tidegate:problem:{code.lower().replace('_', '-')}",
+            "title": phrase,
+            "status": status,
+            "detail": detail,
+            "error": detail,
+            "code": code,
+            "retriable": True,
+        }
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {phrase}\r\n"
+        "content-type: application/problem+json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+_HEADERS_LATE = _problem(
+    408, "Request Timeout", "REQUEST_TIMEOUT", "the request headers did not arrive in time"
+)
+_BODY_LATE = _problem(
+    408, "Request Timeout", "REQUEST_TIMEOUT", "the request body did not arrive in time"
+)
+_HEADERS_TOO_LARGE = _problem(
+    431,
+    "Request Header Fields Too Large",
+    "HEADERS_TOO_LARGE",
+    "the request line and headers exceed the gateway's limit",
+)
+_TOO_MANY = _problem(
+    429,
+    "Too Many Requests",
+    "TOO_MANY_CONNECTIONS",
+    "this client holds too many open connections; reuse one or close some",
+)
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header and body deadlines and a per-client cap."""
+
+    limits: ClassVar[ConnectionLimits | None] = None
+    # Open connections per client address, in this process (each class keeps its own).
+    open_per_client: ClassVar[Counter[str]] = Counter()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cls = type(self)
+        if cls.limits is None:
+            cls.limits = ConnectionLimits.of(GatewaySettings())
+        self._limits: ConnectionLimits = cls.limits
+        self._peer: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._request_begun = False
+        self._head_bytes = 0
+        self._head_too_large = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        peer = self.client[0] if self.client else None
+        if peer is not None:
+            counts = type(self).open_per_client
+            if counts[peer] >= self._limits.max_connections_per_client:
+                _log.warning(
+                    "refused a connection from %s: it holds %d already", peer, counts[peer]
+                )
+                transport.write(_TOO_MANY)
+                transport.close()
+                return
+            counts[peer] += 1
+            self._peer = peer
+        self._arm(self._limits.header_timeout_s, _HEADERS_LATE, "headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._peer is not None:
+            counts = type(self).open_per_client
+            counts[self._peer] -= 1
+            if counts[self._peer] <= 0:
+                del counts[self._peer]
+            self._peer = None
+        super().connection_lost(exc)
+
+    # Parser callbacks: a request begins, its headers end, its body ends.
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._request_begun = True
+        self._head_bytes = 0
+        if self._timer is None:  # a later request on a kept-alive connection
+            self._arm(self._limits.header_timeout_s, _HEADERS_LATE, "headers")
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        # httptools keeps headers without a bound of its own: within the header deadline a fast
+        # client could still send gigabytes of them. Raising stops the parser, and uvicorn's
+        # handler of a parse error answers through send_400_response, below.
+        self._head_bytes += size
+        if self._head_bytes > self._limits.max_header_bytes:
+            self._head_too_large = True
+            raise ValueError("request headers too large")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._head_too_large:
+            super().send_400_response(msg)
+            return
+        self._disarm()
+        self.transport.write(_HEADERS_TOO_LARGE)
+        self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+        # A pipelined request waits, unread, behind the one being answered: its body deadline
+        # starts when it becomes the current one (on_response_complete).
+        if not self.pipeline:
+            self._arm(self._limits.body_timeout_s, _BODY_LATE, "body")
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._request_begun = False
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        waiting = cycle is not None and cycle.more_body and not cycle.response_complete
+        if waiting and self._timer is None and not self.transport.is_closing():
+            self._arm(self._limits.body_timeout_s, _BODY_LATE, "body")
+
+    def _arm(self, delay_s: float, answer: bytes, part: str) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay_s, self._too_slow, answer, part)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _too_slow(self, answer: bytes, part: str) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if part == "headers":
+            # No cycle yet for this request; the last one, if any, must be answered in full.
+            free = cycle is None or cycle.response_complete
+        else:
+            free = cycle is not None and not cycle.response_started
+        if self._request_begun and free:
+            self.transport.write(answer)
+        if cycle is not None and not cycle.response_complete:
+            # The app, if it still waits for the body, reads a disconnect; what it sends is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        _log.warning("cut off %s: its request %s did not arrive in time", self._peer, part)
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GatewayHttpProtocol]:
+    """A protocol class with these limits and a connection count of its own."""
+    namespace = {"limits": limits, "open_per_client": Counter()}
+    return type("GuardedHttpProtocol", (GatewayHttpProtocol,), namespace)

@@ -1,0 +1,198 @@
+"""Rate limits against the real Redis: two limiters (two replicas) share one limit, per client and
+per model, within 10% of the configured rate over a few seconds, refusing the rest with a
+Retry-After; a refusal costs well under a millisecond of CPU; and through HTTP, `tidegate gateway
+--workers 2` (two replicas on one port) answers 429 with Retry-After and a problem body while the
+calls both accept add up to the configured rate.
+
+Each test has its own key prefix in Redis. Rates are measured over a window after a warm-up that
+fills the limiter's own window, so the burst a fresh limit allows is not counted as rate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.fakes import FakeWorker
+from tests.integration.gateway import gateway_fixtures
+from tests.integration.gateway.gateway_fixtures import fraud_body, topic_env
+from tests.support import free_port, unique
+from tidegate.cli.procs import spawn, wait_http
+from tidegate.core.errors import RateLimitedError
+from tidegate.core.settings import RedisSettings, TopicSettings
+from tidegate.gateway.identity import Identity, grants_of
+from tidegate.gateway.rate_limit_settings import RateLimitSettings
+from tidegate.gateway.rate_limits import RateLimiter
+
+topics = gateway_fixtures.topics
+lifecycle = gateway_fixtures.lifecycle
+
+WARM_S = 1.5
+MEASURE_S = 4.0
+
+
+def key(subject: str) -> Identity:
+    return Identity(subject, "api-key", grants_of(["infer"]))
+
+
+async def offer(
+    replicas: list[RateLimiter], callers: list[Identity], seconds: float, loops: int
+) -> list[tuple[float, int, float | None]]:
+    """Calls from every caller through every replica, in `loops` loops of up to 250/s each, for
+    `seconds`: (when, replica, None if accepted else its retry_after_s)."""
+    seen: list[tuple[float, int, float | None]] = []
+    deadline = time.monotonic() + seconds
+
+    async def loop(index: int, limiter: RateLimiter, identity: Identity) -> None:
+        while time.monotonic() < deadline:
+            try:
+                await limiter.check(identity, "fraud")
+                seen.append((time.monotonic(), index, None))
+            except RateLimitedError as refused:
+                seen.append((time.monotonic(), index, refused.retry_after_s))
+            await asyncio.sleep(0.004)
+
+    tasks = [(i, rl, who) for i, rl in enumerate(replicas) for who in callers]
+    await asyncio.gather(*(loop(*task) for task in tasks for _ in range(loops)))
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("rate", "settings", "subjects", "loops"),
+    [
+        (40.0, {"client_rate_per_s": 40.0}, ["key:one"], 2),
+        (40.0, {"model_rates": {"fraud": 40.0}}, ["key:a", "key:b", "key:c"], 1),
+        # 1,000/s: each replica takes its slots in lots of 20, one round trip per lot.
+        (1000.0, {"model_rates": {"fraud": 1000.0}}, ["key:a", "key:b"], 6),
+    ],
+    ids=["per-client", "per-model", "per-model-in-lots"],
+)
+async def test_two_replicas_share_one_limit(
+    rate: float, settings: dict[str, Any], subjects: list[str], loops: int
+) -> None:
+    config = RateLimitSettings(key_prefix=unique("it-rate"), **settings)
+    replicas = [RateLimiter(config, RedisSettings()) for _ in range(2)]
+    try:
+        seen = await offer(replicas, [key(s) for s in subjects], WARM_S + MEASURE_S, loops)
+    finally:
+        for rl in replicas:
+            await rl.close()
+    start = seen[0][0] + WARM_S
+    measured = [(i, retry) for t, i, retry in seen if start <= t < start + MEASURE_S]
+    accepted = [i for i, retry in measured if retry is None]
+    got = len(accepted) / MEASURE_S
+    print(f"two replicas: {got:.1f}/s accepted of {len(measured) / MEASURE_S:.0f}/s, limit {rate}")
+    assert abs(got - rate) <= 0.1 * rate, f"{got:.1f}/s accepted, limit {rate}/s"
+    # Offered well over the limit, and each replica took a share: the count is one, shared.
+    assert len(measured) > 1.5 * len(accepted)
+    assert min(accepted.count(0), accepted.count(1)) > 0.25 * len(accepted)
+    retries = [retry for _, retry in measured if retry is not None]
+    assert all(0 < r <= config.burst_s for r in retries)
+
+
+async def test_a_refusal_costs_well_under_a_millisecond_of_cpu() -> None:
+    # One call a minute: each fresh client's first call is accepted and its second refused.
+    config = RateLimitSettings(key_prefix=unique("it-rate"), client_rate_per_s=1 / 60, burst_s=60)
+    limiter = RateLimiter(config, RedisSettings())
+    clients = [key(f"key:{n}") for n in range(300)]
+    by_redis: list[float] = []
+    remembered: list[float] = []
+    retries: list[float] = []
+    try:
+        for identity in clients:
+            await limiter.check(identity, "fraud")
+            for costs in (by_redis, remembered):
+                started = time.process_time()
+                try:
+                    await limiter.check(identity, "fraud")
+                except RateLimitedError as refused:
+                    costs.append(time.process_time() - started)
+                    retries.append(refused.retry_after_s)
+                else:
+                    raise AssertionError("a second call within the minute was accepted")
+    finally:
+        await limiter.close()
+    assert all(0 < r <= 60 for r in retries)
+    redis_ms = 1000 * sum(by_redis) / len(by_redis)
+    local_ms = 1000 * sum(remembered) / len(remembered)
+    print(f"CPU per refusal: {redis_ms:.3f} ms asking Redis, {local_ms:.4f} ms remembered")
+    # Two round trips (the count, then the window's reset for Retry-After), on 2 shared cores.
+    assert redis_ms < 0.6
+    assert local_ms < 0.05
+
+
+async def test_an_accepted_call_under_a_high_limit_rarely_reaches_redis() -> None:
+    # The gateway spends ~1 ms of CPU on a call: a limit that is not hit must cost under 5%.
+    config = RateLimitSettings(
+        key_prefix=unique("it-rate"), client_rate_per_s=5000, model_rates={"fraud": 5000}
+    )
+    limiter = RateLimiter(config, RedisSettings())
+    identity = key("key:busy")
+    try:
+        await limiter.check(identity, "fraud")
+        started = time.process_time()
+        for _ in range(2000):
+            await limiter.check(identity, "fraud")
+        per_call_ms = 1000 * (time.process_time() - started) / 2000
+    finally:
+        await limiter.close()
+    print(f"CPU per accepted call (client and model limits): {per_call_ms:.4f} ms")
+    assert per_call_ms < 0.05
+
+
+def test_gateway_replicas_answer_429_and_hold_the_rate_together(
+    topics: TopicSettings, lifecycle: None, worker: FakeWorker, tmp_path: Path
+) -> None:
+    rate = 20.0
+    port = free_port()
+    env = {
+        **topic_env(topics),
+        "TIDEGATE_GATEWAY_PORT": str(port),
+        "TIDEGATE_AUTH_ENABLED": "false",
+        "TIDEGATE_RATE_LIMIT_MODEL_RATES": json.dumps({"fraud": rate}),
+        "TIDEGATE_RATE_LIMIT_KEY_PREFIX": unique("it-rate-http"),
+    }
+    child = spawn("gateway", ["gateway", "--workers", "2", "--no-admin"], tmp_path, env)
+    seen: list[tuple[float, httpx.Response]] = []
+    lock = threading.Lock()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v2/health/ready", child, 120)
+        deadline = time.monotonic() + WARM_S + MEASURE_S
+
+        def client() -> None:
+            # No keep-alive: every call a new connection, which either process may accept.
+            limits = httpx.Limits(max_keepalive_connections=0)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", limits=limits) as http:
+                while (sent := time.monotonic()) < deadline:
+                    resp = http.post("/v2/models/fraud/infer", json=fraud_body(), timeout=30)
+                    # When it was sent: the limit decides on arrival, before the worker's answer.
+                    with lock:
+                        seen.append((sent, resp))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        child.stop()
+    assert {r.status_code for _, r in seen} == {200, 429}, child.tail()
+    start = min(t for t, _ in seen) + WARM_S
+    measured = [r for t, r in seen if start <= t < start + MEASURE_S]
+    accepted = sum(r.status_code == 200 for r in measured)
+    print(f"HTTP: {accepted / MEASURE_S:.1f}/s accepted of {len(measured) / MEASURE_S:.0f}/s")
+    assert abs(accepted / MEASURE_S - rate) <= 0.1 * rate, f"{accepted / MEASURE_S:.1f}/s"
+    assert len(measured) > 2 * accepted
+    # Both replicas served: the requests they published name both reply partitions.
+    assert len({r["reply_to"]["partition"] for r in worker.seen}) == 2
+    refused = next(r for r in measured if r.status_code == 429)
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert int(refused.headers["retry-after"]) >= 1
+    body = refused.json()
+    assert (body["status"], body["code"], body["retriable"]) == (429, "RATE_LIMITED", True)

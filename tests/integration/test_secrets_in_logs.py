@@ -1,0 +1,215 @@
+"""No secret reaches a log: a run of the real components, every secret setting given a value of
+its own, then every log line and every command's output searched for those values.
+
+The run is what an operator does on the local stack: `tidegate models register` and `promote`
+(fraud 1), a lifecycle controller, a real worker and a gateway serving HTTPS from an encrypted key
+with /admin on, then calls that succeed, fail (400, 404, a plaintext call to the TLS port) and
+clients cut off for being slow, so that start-up, error and warning paths all write their lines.
+Each `SecretStr` field of every tidegate settings class is set: to a value the servers check
+where they check one (the TLS key's password), else to a distinctive string where the stack
+ignores it (the Kafka SASL password with PLAINTEXT, the registry's basic auth, which the local
+registry does not ask for). A secret added to any settings class is set too, unless `UNSET` says
+why it cannot be in this run (PostgreSQL's and Redis's passwords, which the local servers check,
+and Kafka's TLS and OAUTHBEARER secrets, which the settings refuse without such a listener).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import typing
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from tests.integration.gateway import gateway_fixtures
+from tests.integration.gateway.gateway_fixtures import topic_env
+from tests.support import free_port, unique, wait_for
+from tests.tls_support import self_signed, wait_https
+from tests.unit.core.test_secret_settings import settings_classes
+from tidegate.cli.procs import Child, spawn, wait_http
+from tidegate.core.settings import PostgresSettings, TopicSettings
+
+topics = gateway_fixtures.topics
+
+REPO = Path(__file__).resolve().parents[2]
+# Secrets this run cannot set, and why. The servers of the local stack check the first two, so
+# they keep their real values; the settings refuse the others without a Kafka TLS or OAUTHBEARER
+# listener, which the local stack does not run (the SASL_SSL integration test uses those).
+UNSET = {
+    "TIDEGATE_POSTGRES_PASSWORD": "PostgreSQL checks it",
+    "TIDEGATE_REDIS_PASSWORD": "Redis without requirepass refuses AUTH",
+    "TIDEGATE_KAFKA_SSL_KEY_PASSWORD": "needs ssl_key_location, hence an SSL listener",
+    "TIDEGATE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": "needs sasl_mechanism OAUTHBEARER",
+}
+TLS_PASSWORD = "TIDEGATE_GATEWAY_TLS_KEYFILE_PASSWORD"
+REGISTRY_USER = "secret-probe"
+# Two rows of the real fraud 1's 64 features.
+FRAUD = {
+    "inputs": [{"name": "features", "datatype": "FP32", "shape": [2, 64], "data": [0.5] * 128}]
+}
+
+
+def secret_settings() -> dict[str, object]:
+    """Environment variable -> the annotation of every SecretStr field of tidegate's settings."""
+    found: dict[str, object] = {}
+    for cls in settings_classes():
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for name, info in cls.model_fields.items():
+            if SecretStr in (info.annotation, *_flat(info.annotation)):
+                found[f"{prefix}{name}".upper()] = info.annotation
+    return found
+
+
+def _flat(annotation: object) -> list[object]:
+    args = list(typing.get_args(annotation))
+    return args + [inner for arg in args for inner in _flat(arg)]
+
+
+def env_value(annotation: object, secret: str) -> str:
+    """The variable's text for a value holding `secret`: JSON for a container of secrets."""
+    if typing.get_origin(annotation) is dict or dict in _flat(annotation):
+        return json.dumps({"x-probe": secret})
+    if typing.get_origin(annotation) is list or list in _flat(annotation):
+        return json.dumps([secret])
+    return secret
+
+
+@pytest.fixture
+def secrets() -> dict[str, str]:
+    """Each settable secret's variable -> its distinctive value."""
+    chosen = {
+        name: f"zq{name.lower().removeprefix('tidegate_')[:12]}{uuid.uuid4().hex[:10]}"
+        for name in secret_settings()
+        if name not in UNSET
+    }
+    assert TLS_PASSWORD in chosen
+    assert "TIDEGATE_KAFKA_SASL_PASSWORD" in chosen
+    return chosen
+
+
+def run_cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "tidegate.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"tidegate {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for child in reversed(started):
+        child.stop()
+
+
+def test_no_secret_is_logged(
+    topics: TopicSettings,
+    pg_settings: PostgresSettings,
+    packages: Path,
+    secrets: dict[str, str],
+    children: list[Child],
+    tmp_path: Path,
+) -> None:
+    annotations = secret_settings()
+    certfile, keyfile = self_signed(tmp_path, secrets[TLS_PASSWORD].encode())
+    port = free_port()
+    env = {
+        **topic_env(topics),
+        **{name: env_value(annotations[name], value) for name, value in secrets.items()},
+        "TIDEGATE_POSTGRES_DB_SCHEMA": pg_settings.db_schema,
+        "TIDEGATE_MODELS_STORE_DIR": str(tmp_path / "store"),
+        "TIDEGATE_WORKER_GROUP_ID": unique("secrets-workers"),
+        "TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_USER": REGISTRY_USER,
+        "TIDEGATE_TELEMETRY_LOG_LEVEL": "DEBUG",
+        "TIDEGATE_GATEWAY_PORT": str(port),
+        "TIDEGATE_GATEWAY_TLS_CERTFILE": str(certfile),
+        "TIDEGATE_GATEWAY_TLS_KEYFILE": str(keyfile),
+        "TIDEGATE_GATEWAY_HEADER_TIMEOUT_S": "1",
+        "TIDEGATE_GATEWAY_ACCESS_LOG": "true",
+    }
+    issued = run_cli(env, "auth", "keys", "create", "secrets-test", "--role", "admin", "--json")
+    api_key = next(
+        json.loads(line)["key"] for line in issued.splitlines() if line.startswith('{"key"')
+    )
+    outputs = [
+        run_cli(env, "models", "register", str(packages / "fraud" / "1"), "--version", "1"),
+        run_cli(env, "models", "promote", "fraud", "1"),
+    ]
+    children.append(spawn("controller", ["controller", "--group-id", unique("idx")], tmp_path, env))
+    metrics = free_port()
+    worker_args = ["worker", "--processes", "1", "--metrics-port", str(metrics)]
+    children.append(spawn("worker", worker_args, tmp_path, env))
+    wait_http(f"http://127.0.0.1:{metrics}/metrics", children[-1], 180)
+    gateway = spawn("gateway", ["gateway"], tmp_path, env)
+    children.append(gateway)
+
+    url = f"https://127.0.0.1:{port}"
+    trust = ssl.create_default_context(cafile=certfile)
+    # A wrong secret for the key's own id: the refusal is logged and audited, the secret not.
+    wrong_key = api_key[: api_key.rindex("_") + 1] + "0" * 43
+    auth = {"Authorization": f"Bearer {api_key}"}
+    with httpx.Client(base_url=url, verify=trust, timeout=30, headers=auth) as client:
+        wait_https(f"{url}/v2/health/ready", gateway, trust)
+        refused = client.get("/admin/models", headers={"Authorization": f"Bearer {wrong_key}"})
+        assert refused.status_code == 401
+        wait_for(
+            lambda: client.post("/v2/models/fraud/infer", json=FRAUD).status_code == 200,
+            timeout=120,
+            what="fraud 1 to answer",
+        )
+        assert client.post("/v2/models/fraud/infer", content=b"{nope").status_code == 400
+        assert client.post("/v2/models/absent/infer", json=FRAUD).status_code == 404
+        assert client.get("/admin/models").status_code == 200
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=5)
+    with (
+        socket.create_connection(("127.0.0.1", port), 5) as raw,
+        trust.wrap_socket(raw, server_hostname="127.0.0.1") as slow,
+    ):
+        slow.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: gw\r\n")
+        slow.settimeout(10)
+        assert slow.recv(64).startswith(b"HTTP/1.1 408")
+    outputs.append(run_cli(env, "models", "status", "fraud", "--json"))
+
+    for child in reversed(children):  # stopped first, so that shutdown lines are written too
+        child.stop()
+    logs = {child.name: child.log.read_text(errors="replace") for child in children}
+    logs |= {f"cli-{i}": text for i, text in enumerate(outputs)}
+    assert all(logs.values()), "every component wrote something to search"
+    # The search sees what the components wrote: their topics, and the slow client cut off.
+    assert topics.requests in logs["worker"]
+    assert "cut off 127.0.0.1" in logs["gateway"]
+    basic = base64.b64encode(
+        f"{REGISTRY_USER}:{secrets['TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD']}".encode()
+    ).decode()
+    wanted = {
+        **secrets,
+        "registry basic auth header": basic,
+        "the API key": api_key,
+        "its secret part": api_key.rsplit("_", 1)[1],
+        "a wrong secret presented": wrong_key.rsplit("_", 1)[1],
+    }
+    leaks = [
+        f"{name} in {where}"
+        for name, value in wanted.items()
+        for where, text in logs.items()
+        if value in text
+    ]
+    assert not leaks, leaks
