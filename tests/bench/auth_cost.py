@@ -125,7 +125,7 @@ async def _run() -> None:
         cost = 1 - best[mode] / base
         extra_us = (1 / best[mode] - 1 / base) * 1e6
         print(
-            f"  auth {mode:8s} {best[mode]:8.0f} calls/s  {cost:+6.1%} throughput cost  "
+            f"  auth {mode:11s} {best[mode]:8.0f} calls/s  {cost:+6.1%} throughput cost  "
             f"{extra_us:+6.1f} us/call  (bar {BAR:.0%})"
         )
 
