@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,7 @@ __all__ = [
     "TopicSettings",
     "TracingSettings",
     "instance_id",
+    "secure_url",
     "settings_config",
 ]
 
@@ -43,6 +45,16 @@ CompatibilityLevel = Literal[
     "FULL_TRANSITIVE",
 ]
 COMPATIBILITY_LEVELS: tuple[str, ...] = CompatibilityLevel.__args__  # type: ignore[attr-defined]
+
+
+def secure_url(value: str, name: str) -> str:
+    """`value` as a URL a credential may travel to: https, or plain http to this host only (a
+    test issuer, a local proxy). Anything else (http elsewhere, file:, ftp:) is refused."""
+    parsed = urlsplit(value)
+    loopback = parsed.hostname in ("127.0.0.1", "localhost", "::1")
+    if parsed.scheme == "https" or (parsed.scheme == "http" and loopback):
+        return value
+    raise ValueError(f"{name} must be an https:// URL (http:// only to this host)")
 
 
 def settings_config(prefix: str) -> SettingsConfigDict:
@@ -129,9 +141,8 @@ class KafkaSettings(BaseSettings):
     @field_validator("sasl_oauthbearer_token_endpoint_url")
     @classmethod
     def _check_endpoint(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("https://", "http://")):
-            raise ValueError("sasl_oauthbearer_token_endpoint_url must be an http(s):// URL")
-        return value
+        # The client secret travels to it: never in clear across a network.
+        return None if value is None else secure_url(value, "sasl_oauthbearer_token_endpoint_url")
 
     @field_validator("sasl_oauthbearer_extensions")
     @classmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from tidegate.core.settings import settings_config
+from tidegate.core.settings import secure_url, settings_config
 
 __all__ = ["FORBIDDEN_ALGORITHMS", "AuthSettings"]
 
@@ -102,6 +102,12 @@ class AuthSettings(BaseSettings):
         gt=0,
         description="How long a verified token is remembered (never past its `exp`).",
     )
+
+    @field_validator("jwt_jwks_url")
+    @classmethod
+    def _secure_jwks(cls, value: str | None) -> str | None:
+        # The keys every token is checked against: fetched over TLS (or from this host only).
+        return None if value is None else secure_url(value, "jwt_jwks_url")
 
     @field_validator("jwt_algorithms")
     @classmethod

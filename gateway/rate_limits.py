@@ -23,6 +23,7 @@ Redis being down is handled by `on_redis_error` (fail open by default, docs/rate
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -41,6 +42,9 @@ from tidegate.gateway.identity import ROLE_PERMISSIONS, Identity
 from tidegate.gateway.rate_limit_settings import RateLimitSettings
 
 __all__ = ["RATE_LIMITED", "RATE_LIMIT_ERRORS", "RateLimiter"]
+
+_MAX_WINDOW_S = 3600
+_TOLERANCE = 0.05
 
 _log = logging.getLogger(__name__)
 
@@ -130,7 +134,7 @@ class RateLimiter:
         """The library's limit for `rate` per second: rate x burst_s calls per burst_s s."""
         found = self._items.get((scope, rate))
         if found is None:
-            window = self.settings.burst_s
+            window = _window(rate, self.settings.burst_s)
             amount = max(1, round(rate * window))
             found = self._items[scope, rate] = RateLimitItemPerSecond(amount, window, scope)
         return found
@@ -227,3 +231,18 @@ class RateLimiter:
         RATE_LIMIT_ERRORS.inc()
         if self.settings.on_redis_error == "deny":
             raise OverloadedError("rate limits cannot be checked: Redis is unavailable")
+
+
+def _window(rate: float, burst_s: int) -> int:
+    """The shortest window of at least `burst_s` seconds whose whole number of calls is within
+    5% of `rate` (the library counts whole calls per whole seconds): 0.1/s is 1 call per 10 s,
+    not 1 per second; 1.4/s is 7 per 5 s, not 1 per second. The shortest, since a longer window
+    also allows a longer burst."""
+    window = burst_s
+    limit = max(burst_s, min(_MAX_WINDOW_S, math.ceil(20 / rate)))
+    while window < limit:
+        calls = max(1, round(rate * window))
+        if abs(calls / window - rate) <= _TOLERANCE * rate:
+            return window
+        window += 1
+    return limit

@@ -127,7 +127,12 @@ def test_oauthbearer_extensions_come_from_the_env_as_json(monkeypatch: pytest.Mo
         ),
         ({**OIDC, "sasl_oauthbearer_token_endpoint_url": None}, "token_endpoint_url"),
         ({**OIDC, "sasl_oauthbearer_client_secret": None}, "needs sasl_oauthbearer_client_secret"),
-        ({**OIDC, "sasl_oauthbearer_token_endpoint_url": "login.example.com"}, "http"),
+        ({**OIDC, "sasl_oauthbearer_token_endpoint_url": "login.example.com"}, "https://"),
+        # The client secret would cross the network in clear.
+        (
+            {**OIDC, "sasl_oauthbearer_token_endpoint_url": "http://login.example.com/token"},
+            "https://",
+        ),
         ({**OIDC, "sasl_oauthbearer_extensions": {"a": "b,c"}}, "cannot hold"),
         (
             {

@@ -172,3 +172,13 @@ def test_unsafe_algorithms_and_half_configured_issuers_are_refused() -> None:
     assert AuthSettings().revocation_s <= 3
     with pytest.raises(ValidationError):
         AuthSettings(revocation_s=10)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://issuer.example.com/jwks", "file:///etc/passwd", "ftp://issuer/jwks"]
+)
+def test_the_jwks_is_fetched_over_tls_or_from_this_host_only(url: str) -> None:
+    with pytest.raises(ValueError, match="https://"):
+        AuthSettings(jwt_issuer="i", jwt_audience="a", jwt_jwks_url=url)
+    for fine in ("https://issuer.example.com/jwks", "http://127.0.0.1:8000/jwks"):
+        assert AuthSettings(jwt_issuer="i", jwt_audience="a", jwt_jwks_url=fine).jwt_jwks_url

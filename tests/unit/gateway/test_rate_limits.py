@@ -62,6 +62,13 @@ def test_a_call_is_checked_per_client_then_per_model() -> None:
     assert [who for _, who in rl.limits_for(caller("infer"), None)] == ["key:k1"]
 
 
+@pytest.mark.parametrize("rate", [0.001, 0.1, 0.5, 1.4, 1.6, 3.3, 7.0, 1000.0])
+def test_low_and_fractional_rates_are_held_within_5_percent(rate: float) -> None:
+    (item, _), *_ = limiter(client_rate_per_s=rate).limits_for(caller("infer"), None)
+    held = item.amount / item.get_expiry()
+    assert abs(held - rate) <= 0.05 * rate or item.get_expiry() == 3600, (rate, held)
+
+
 def test_anonymous_callers_are_told_apart_by_address_when_it_is_given() -> None:
     rl = limiter(client_rate_per_s=1)
     assert [who for _, who in rl.limits_for(ANONYMOUS, None, client="10.0.0.7")] == ["10.0.0.7"]
@@ -70,9 +77,9 @@ def test_anonymous_callers_are_told_apart_by_address_when_it_is_given() -> None:
     assert [who for _, who in rl.limits_for(caller(), None, client="10.0.0.7")] == ["key:k1"]
 
 
-def test_a_rate_below_one_per_window_still_allows_one_call() -> None:
+def test_a_rate_below_one_per_window_is_one_call_per_longer_window() -> None:
     ((item, _),) = limiter(client_rate_per_s=0.2).limits_for(caller(), None)
-    assert (item.amount, item.get_expiry()) == (1, 1)
+    assert (item.amount, item.get_expiry()) == (1, 5)  # not 1 per second: 5 times the rate
 
 
 async def test_no_rate_no_redis_and_disabled_limits_nothing() -> None:
