@@ -12,14 +12,15 @@ clients exhaust a replica without sending a single request. So the gateway serve
   in `tidegate.gateway.body` so that it holds for every route that takes a body (/admin and the
   registry API too), and because a request cut off mid-body must lose its connection anyway:
   the rest of the body is still on the wire;
-* the request line and headers may not exceed `max_header_bytes` (httptools sets no bound);
+* the request line and headers may not exceed `max_header_bytes` (httptools sets no bound),
+  counted as raw bytes read until the headers are complete;
 * one client address may hold at most `max_connections_per_client` open connections per process;
   more are answered 429 and closed at once, before their request is read.
 
 A request cut off after it began is answered 408 with a problem body and `Connection: close`,
 unless its response has already started; a connection that never sent a byte is just closed.
 The deadlines are timers on the event loop, armed and cancelled once per request: a normal call
-pays two `call_later`s and a sum per header line, nothing per byte.
+pays two `call_later`s and a sum per chunk read while its head arrives, nothing per byte.
 
 uvicorn takes the protocol as a class (its `http` option). Worker processes of `--workers N` are
 spawned with the configuration pickled, so the class is named by reference and reads its limits
@@ -120,8 +121,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._peer: str | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._request_begun = False
+        # The head of the current request is still arriving, and how many bytes of it have.
+        self._in_head = True
         self._head_bytes = 0
-        self._head_too_large = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -149,40 +151,55 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._peer = None
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        # The head (request line and headers) is counted here, as raw bytes read, rather than in
+        # the parser's callbacks: httptools joins a header's fragments itself and calls on_header
+        # only once the header is whole, so one header of gigabytes would be held in memory
+        # before any callback saw a byte of it. httptools sets no bound of its own.
+        #
+        # Bytes from the end of one request (on_message_complete) to the end of the next one's
+        # headers count; its body does not. A chunk that would take the count past the limit is
+        # fed only up to the limit: if the headers are still not complete, the request is refused.
+        # A pipelined request that begins inside a chunk read for the one before is counted from
+        # the next chunk on, so its head may pass the limit by at most one read (256 KiB).
+        limit = self._limits.max_header_bytes
+        while self._in_head:
+            room = limit - self._head_bytes
+            if len(data) <= room:
+                self._head_bytes += len(data)
+                break
+            if room <= 0:
+                self._refuse_head()
+                return
+            self._head_bytes = limit
+            super().data_received(data[:room])
+            data = data[room:]
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return  # refused as invalid, or upgraded to another protocol
+        super().data_received(data)
+
+    def _refuse_head(self) -> None:
+        self._disarm()
+        cycle = self.cycle
+        # A pipelined request's head: the one before it, if any, must not be answered over.
+        if cycle is None or cycle.response_complete:
+            self.transport.write(_HEADERS_TOO_LARGE)
+        _log.warning(
+            "cut off %s: its request line and headers exceed %d bytes",
+            self._peer,
+            self._limits.max_header_bytes,
+        )
+        self.transport.close()
+
     # Parser callbacks: a request begins, its headers end, its body ends.
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._request_begun = True
-        self._head_bytes = 0
         if self._timer is None:  # a later request on a kept-alive connection
             self._arm(self._limits.header_timeout_s, _HEADERS_LATE, "headers")
 
-    def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
-        super().on_header(name, value)
-
-    def _count_head(self, size: int) -> None:
-        # httptools keeps headers without a bound of its own: within the header deadline a fast
-        # client could still send gigabytes of them. Raising stops the parser, and uvicorn's
-        # handler of a parse error answers through send_400_response, below.
-        self._head_bytes += size
-        if self._head_bytes > self._limits.max_header_bytes:
-            self._head_too_large = True
-            raise ValueError("request headers too large")
-
-    def send_400_response(self, msg: str) -> None:
-        if not self._head_too_large:
-            super().send_400_response(msg)
-            return
-        self._disarm()
-        self.transport.write(_HEADERS_TOO_LARGE)
-        self.transport.close()
-
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._disarm()
         super().on_headers_complete()
         # A pipelined request waits, unread, behind the one being answered: its body deadline
@@ -193,6 +210,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         self._request_begun = False
+        self._in_head = True  # what follows is the next request's head
+        self._head_bytes = 0
         super().on_message_complete()
 
     def on_response_complete(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import socket
 import threading
 import time
@@ -163,6 +164,57 @@ def test_headers_past_the_size_limit_are_refused_with_431() -> None:
         # Headers within the limit are served.
         big = {f"X-Big-{i}": "b" * 1024 for i in range(16)}
         assert httpx.get(f"{served.url}/?sleep=0", headers=big, timeout=5).status_code == 200
+
+
+def test_one_header_too_large_is_refused_while_it_still_arrives() -> None:
+    """httptools calls on_header only once a header is whole: the limit must hold before that,
+    or one endless header value would be kept in memory for as long as the client sends it."""
+    cap = ConnectionLimits(30, 30, 100).max_header_bytes
+    planned = 4 * cap
+    with serving(header_s=30, body_s=30) as served:
+        sock = served.connect()
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: gw\r\nX-Huge: ")
+        sent, chunk = 0, b"h" * 4096
+        try:
+            while sent < planned:
+                # Past the cap, the client waits a little for an answer before each chunk.
+                if sent > cap and select.select([sock], [], [], 0.2)[0]:
+                    break
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # refused already
+        assert sent < planned, "not answered before the client was done"
+        assert sent <= cap + 64 * 1024, sent
+        # The header is never completed: only the byte count can have stopped it.
+        got, took = timed(lambda: until_closed(sock, within_s=5))
+        assert took < LATE_S
+        status, body = problem_of(got)
+        assert (status, body["code"]) == (431, "HEADERS_TOO_LARGE")
+        wait_for(lambda: served.open_from("127.0.0.1") == 0, timeout=5, what="the count to drop")
+
+
+def test_the_limit_holds_per_request_and_not_for_bodies() -> None:
+    """Pipelined and kept-alive requests each get the whole limit, bodies are not counted."""
+    head = b"".join(b"X-Big-%d: %s\r\n" % (i, b"b" * 1024) for i in range(40))  # 40 KiB
+    body = b"y" * 200_000
+    requests = (
+        b"POST / HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), head, body)
+        + b"GET / HTTP/1.1\r\nHost: gw\r\n%s\r\n" % head
+        + b"GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n%s\r\n" % head
+    )
+    with serving(header_s=30, body_s=30) as served:
+        sock = served.connect()
+        sock.sendall(requests)
+        got = until_closed(sock)
+    answers = got.split(b"HTTP/1.1 ")[1:]
+    assert [a.split()[0] for a in answers] == [b"200"] * 3, got
+    # The app sets no length: each answer is chunked, its one chunk the body's length read.
+    assert [a.split(b"\r\n\r\n", 1)[1].split(b"\r\n")[1] for a in answers] == [
+        b"200000",
+        b"0",
+        b"0",
+    ]
 
 
 def test_prompt_calls_kept_alive_connections_and_slow_answers_are_left_alone() -> None:
