@@ -219,8 +219,16 @@ def expire(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Set when a key expires (`--at now`: at once); gateways refuse it from then on."""
-    now = datetime.now(UTC)
-    moment = now if at.strip().lower() == "now" else parse_expiry(at, now)
+    # "now" and durations are the database's now() (plus the duration), never this machine's
+    # clock, which the gateways do not share: only an ISO-8601 time is written as given.
+    value = at.strip()
+    moment: datetime | timedelta | None
+    if value.lower() == "now":
+        moment = None
+    elif match := _DURATION.match(value):
+        moment = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    else:
+        moment = parse_expiry(value, datetime.now(UTC))
     key_id = _key_id(key_id)
 
     async def change(store: KeyStore) -> KeyRecord:
@@ -231,7 +239,7 @@ def expire(
 
     record = _audited("keys.expire", f"key:{key_id}", change)
     if as_json:
-        sys.stdout.write(json.dumps(record.view(datetime.now(UTC))) + "\n")
+        sys.stdout.write(json.dumps(record.view()) + "\n")
         return
     _print_keys([record], datetime.now(UTC))
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tidegate.core.errors import (
     InvalidInputError,
     LifecycleUnavailableError,
+    ModelNotFoundError,
 )
 from tidegate.gateway.audit_hooks import answered
 from tidegate.gateway.backends import GatewayConfig
@@ -222,8 +223,17 @@ async def compare(name: str, candidate: str, commands: Commands) -> dict[str, An
 
 
 @router.get("/requests/{request_id}/served", **guarded(Permission.READ))
-async def served(request_id: str, commands: Commands) -> dict[str, Any]:
-    return await commands.served(request_id)
+async def served(request_id: str, commands: Commands, request: Request) -> dict[str, Any]:
+    """The lineage of a served request, if the caller may read its model; else 404, as for an
+    unknown request (whether it exists is not told)."""
+    view = await commands.served(request_id)
+    model = (view.get("request") or {}).get("model")
+    if not isinstance(model, str) or not request_identity(request).allows(Permission.READ, model):
+        raise ModelNotFoundError(
+            f"no served request {request_id!r} is indexed "
+            "(unknown, not indexed yet, or older than the lineage retention)"
+        )
+    return view
 
 
 # -- writes ---------------------------------------------------------------------------------------

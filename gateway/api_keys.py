@@ -6,6 +6,11 @@ argon2id hash of the secret is stored (argon2-cffi's `PasswordHasher`, its RFC 9
 so the table is no use to whoever reads it, and the key itself is shown once, when created.
 Checking a presented key against its hash is slow on purpose; `tidegate.gateway.key_verifier`
 does it once per key and replica and caches the outcome.
+
+Time is the database's: revocations and `expire --at now` write its `now()`, and each row read
+carries `expires_in_s`, the seconds from the database's `now()` to `expires_at`, from which the
+gateway decides whether the key has expired. No gateway or CLI wall clock takes part, so a
+machine whose clock is off cannot stretch how long a revoked or expired key is accepted.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from argon2 import PasswordHasher
@@ -30,6 +35,7 @@ __all__ = [
     "IssuedKey",
     "KeyRecord",
     "KeyStore",
+    "check_grants",
     "grants_from_json",
     "grants_to_json",
     "new_key",
@@ -40,7 +46,7 @@ KEY_PREFIX = "tg_"
 _KEY = re.compile(r"^tg_([a-z0-9]{8,32})_([A-Za-z0-9_-]{20,128})$")
 _COLUMNS = (
     "id, name, secret_hash, grants, rate_per_s, created_at, created_by, expires_at, revoked_at, "
-    "revoked_by"
+    "revoked_by, extract(epoch FROM expires_at - now())::float8 AS expires_in_s"
 )
 
 
@@ -59,16 +65,29 @@ def parse_key(presented: str) -> tuple[str, str] | None:
 
 def grants_to_json(grants: tuple[Grant, ...]) -> str:
     return json.dumps(
-        [{"role": g.role, "models": sorted(g.models) if g.models else None} for g in grants]
+        [
+            {"role": g.role, "models": sorted(g.models) if g.models is not None else None}
+            for g in grants
+        ]
     )
 
 
 def grants_from_json(raw: Any) -> tuple[Grant, ...]:
     items = json.loads(raw) if isinstance(raw, str | bytes) else raw
     return tuple(
-        Grant(item["role"], frozenset(item["models"]) if item.get("models") else None)
+        # An empty list is a grant over no model, never one over every model.
+        Grant(item["role"], frozenset(item["models"]) if item.get("models") is not None else None)
         for item in items
     )
+
+
+def check_grants(grants: tuple[Grant, ...]) -> None:
+    """Refuse what `KeyStore.create` must not store: no role, or a role scoped to no model."""
+    if not grants:
+        raise ValueError("a key needs at least one role")
+    for grant in grants:
+        if grant.models is not None and not grant.models:
+            raise ValueError(f"the {grant.role!r} grant names no model; omit the scope for all")
 
 
 @dataclass(frozen=True)
@@ -85,6 +104,9 @@ class KeyRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     revoked_by: str | None
+    expires_in_s: float | None = None
+    """Seconds from the database's `now()`, when the row was read, to `expires_at` (<= 0:
+    expired); None without an expiry, or for a record not read from the database."""
 
     @property
     def subject(self) -> str:
@@ -99,14 +121,18 @@ class KeyRecord:
             labels={"key_name": self.name},
         )
 
-    def state(self, now: datetime) -> str:
+    def state(self, now: datetime | None = None) -> str:
+        """revoked, expired or active. The expiry goes by the database's clock when the row
+        carries it (`expires_in_s`), and by `now` only for a record that does not."""
         if self.revoked_at is not None:
             return "revoked"
-        if self.expires_at is not None and self.expires_at <= now:
+        if self.expires_in_s is not None:
+            return "expired" if self.expires_in_s <= 0 else "active"
+        if self.expires_at is not None and now is not None and self.expires_at <= now:
             return "expired"
         return "active"
 
-    def view(self, now: datetime) -> dict[str, Any]:
+    def view(self, now: datetime | None = None) -> dict[str, Any]:
         """What `tidegate auth keys list --json` shows: everything but the hash."""
         return {
             "id": self.id,
@@ -151,8 +177,7 @@ class KeyStore:
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
     ) -> IssuedKey:
-        if not grants:
-            raise ValueError("a key needs at least one role")
+        check_grants(grants)
         key_id, key = new_key()
         parsed = parse_key(key.get_secret_value())
         assert parsed is not None  # noqa: S101 - new_key writes what parse_key reads
@@ -185,14 +210,22 @@ class KeyStore:
             rows = await cur.fetchall()
         return [_record(row) for row in rows]
 
-    async def expire(self, key_id: str, at: datetime) -> KeyRecord | None:
-        """Make a key expire at `at` (now, or later than planned, or sooner); None if there is
-        no such key. A revoked key stays revoked."""
+    async def expire(self, key_id: str, at: datetime | timedelta | None = None) -> KeyRecord | None:
+        """Make a key expire: at once (`at` None: the database's `now()`), `at` after the
+        database's `now()` (a timedelta), or at the time `at`; later than planned or sooner.
+        None if there is no such key. A revoked key stays revoked."""
+        params: tuple[object, ...]
+        if at is None:
+            when, params = "now()", (key_id,)
+        elif isinstance(at, timedelta):
+            when, params = "now() + %s::interval", (at, key_id)
+        else:
+            when, params = "%s::timestamptz", (at, key_id)
         async with connection(self.pool) as conn:
             await conn.execute(
-                "UPDATE api_keys SET expires_at = greatest(%s, created_at + interval '1 ms')"
+                f"UPDATE api_keys SET expires_at = greatest({when}, created_at + interval '1 ms')"  # noqa: S608
                 " WHERE id = %s",
-                (at, key_id),
+                params,
             )
         return await self.get(key_id)
 

@@ -2,7 +2,8 @@
 
 They are kept here, beside the one module that maps errors to HTTP (`tidegate.gateway.problems`),
 because no other component meets them: a body that is too big, of the wrong media type or not JSON
-at all, an unknown request id, or a result store that cannot be reached.
+at all, an unknown request id, a request id another caller holds, or a result store that cannot
+be reached.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from tidegate.core.errors import FatalError, InvalidInputError, RetriableError
 
 __all__ = [
     "PayloadTooLargeError",
+    "RequestIdTakenError",
     "RequestNotFoundError",
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
@@ -33,6 +35,17 @@ class RequestNotFoundError(FatalError):
     """No request with this id is known here, or its result has expired."""
 
     code = "REQUEST_NOT_FOUND"
+
+
+class RequestIdTakenError(FatalError):
+    """The request id a caller chose names a stored request of another caller (409)."""
+
+    code = "REQUEST_ID_TAKEN"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request id {request_id!r} is taken; choose another or send none")
+        self.request_id = request_id
+        self.field = "id"
 
 
 class StoreUnavailableError(RetriableError):

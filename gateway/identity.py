@@ -93,6 +93,12 @@ class Identity:
         return any(g.allows(permission, model) for g in self.grants)
 
     @property
+    def is_admin(self) -> bool:
+        """Whether a grant of `admin` over every model is among the grants: who may see any
+        caller's results by id (`local:insecure` is one)."""
+        return any(g.role == "admin" and g.models is None for g in self.grants)
+
+    @property
     def roles(self) -> list[str]:
         return sorted({g.role for g in self.grants})
 

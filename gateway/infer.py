@@ -12,6 +12,13 @@ once Kafka has the request, because a 504 promises a result that still comes and
 at `/v2/requests/{id}`. Redis is written only then: the marker now, the late result when it comes.
 An asynchronous call is marked in Redis before it is published, so a fetch right after its 202
 finds it.
+
+Both record the caller's subject (`InferCall.owner`) with the marker. A request id the caller
+chose that names another subject's stored request is refused with 409 (`RequestIdTakenError`):
+an asynchronous call before it is published, a synchronous one when it would answer 504 (one
+answered in time reads nothing from Redis, so it never learns, and stores nothing either). A fetch
+by id (`lookup`) shows a request only to its owner or an unscoped admin; to anyone else it is
+unknown, 404, whether it exists or not.
 """
 
 from __future__ import annotations
@@ -27,7 +34,12 @@ from tidegate.gateway import call_record
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.backends import GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.http_errors import RequestNotFoundError, StoreUnavailableError
+from tidegate.gateway.http_errors import (
+    RequestIdTakenError,
+    RequestNotFoundError,
+    StoreUnavailableError,
+)
+from tidegate.gateway.identity import Identity
 from tidegate.gateway.publisher import Ack
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.responses import OutputPrefs
@@ -45,7 +57,8 @@ Reply = asyncio.Future[dict[str, Any]]
 @dataclass(frozen=True, slots=True)
 class InferCall:
     """One inference call as the edge read it: the path's model and version, the body, and the
-    raw values of `Inference-Header-Content-Length` and `Request-Timeout`."""
+    raw values of `Inference-Header-Content-Length` and `Request-Timeout`, and `owner`, the
+    subject of the caller, recorded with a result the gateway keeps."""
 
     model: str
     version: str | None
@@ -53,6 +66,7 @@ class InferCall:
     header_length: str | None = None
     timeout: str | None = None
     respond_async: bool = False
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,21 +132,23 @@ class Inference:
             record = call_record.new_record(model, call.version, v2, inputs, request_id, reply_to)
             prefs = OutputPrefs.from_request(v2)
             if call.respond_async:
-                await self._submit(record, prefs, wait_s)
+                await self._submit(record, prefs, wait_s, call.owner)
                 return Outcome(request_id, model, version, prefs=prefs, accepted=True)
-            result = await self._call(record, prefs, wait_s)
+            result = await self._call(record, prefs, wait_s, call.owner)
             served = str(result.get("model_version") or version)
             return Outcome(request_id, model, served, result=result, prefs=prefs)
         except TidegateError as exc:
             return Outcome(request_id, model, version, error=exc)
 
-    async def _submit(self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float) -> None:
+    async def _submit(
+        self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float, owner: str | None
+    ) -> None:
         request_id = str(record["request_id"])
         self._admission.admit(request_id, ttl_s=self._settings.max_timeout_s)
         try:
             async with asyncio.timeout(wait_s):
-                await self._services.store.save(request_id, meta=_meta(record, prefs))
-                self._router.keep(request_id)
+                await self._services.store.save(request_id, meta=_meta(record, prefs), owner=owner)
+                self._router.keep(request_id, owner)
                 try:
                     await self._services.publisher.submit(record)
                 except TidegateError:
@@ -148,11 +164,11 @@ class Inference:
             raise
 
     async def _call(
-        self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float
+        self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float, owner: str | None
     ) -> dict[str, Any]:
         request_id = str(record["request_id"])
         self._admission.admit(request_id)
-        reply = self._router.expect(request_id)
+        reply = self._router.expect(request_id, owner)
         try:
             ack = self._services.publisher.submit(record)
             deadline = _Deadline(reply, ack, wait_s, request_id)
@@ -162,9 +178,13 @@ class Inference:
                 deadline.cancel()
         except ResultTimeoutError:
             # Remembered before anything is awaited, so a result arriving meanwhile is stored.
-            self._router.keep(request_id)
+            self._router.keep(request_id, owner)
             try:
-                await self._services.store.save(request_id, meta=_meta(record, prefs))
+                await self._services.store.save(request_id, meta=_meta(record, prefs), owner=owner)
+            except RequestIdTakenError:
+                # Its result will not be stored either (the store refuses it the same way).
+                self._router.drop(request_id)
+                raise
             except StoreUnavailableError as exc:
                 raise ResultTimeoutError(
                     f"no result for {request_id} within {wait_s}s, and it may not be retrievable "
@@ -175,17 +195,25 @@ class Inference:
             self._router.forget(request_id, reply)
             self._admission.release(request_id)
 
-    async def lookup(self, request_id: str) -> Stored:
-        """A request by id, as the result store has it; `RequestNotFoundError` if it does not."""
+    async def lookup(self, request_id: str, caller: Identity) -> Stored:
+        """A request by id, as the result store has it; `RequestNotFoundError` if it does not,
+        or if `caller` is neither its owner nor an unscoped admin (the same answer: whether
+        another caller's request exists is not told)."""
         valid = call_record.is_request_id(request_id)
         stored = await self._services.store.get(request_id) if valid else None
-        if stored is None:
+        if stored is None or not _may_fetch(caller, stored.owner):
             raise RequestNotFoundError(f"no request {request_id!r} is known, or it expired")
         prefs = OutputPrefs.from_meta((stored.meta or {}).get("prefs"))
         if stored.result is None:
             return Stored(None, prefs)
         result = await asyncio.to_thread(self._services.decode_result, stored.result)
         return Stored(result, prefs)
+
+
+def _may_fetch(caller: Identity, owner: str | None) -> bool:
+    """Whether `caller` may see a stored request of `owner`. One stored without an owner (before
+    owners were recorded) is an unscoped admin's only; `local:insecure` is one."""
+    return (owner is not None and caller.subject == owner) or caller.is_admin
 
 
 def _meta(record: dict[str, Any], prefs: OutputPrefs) -> dict[str, Any]:

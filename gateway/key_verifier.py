@@ -6,17 +6,25 @@ the presented key (a fast hash is fine here: it only names a cache entry, and th
 256 random bits, so it cannot be guessed from its digest). A call with a remembered key costs one
 hash and one dict lookup; no argon2, no database.
 
-A remembered outcome is trusted for `revocation_s` at most (2 s by default, never past the key's
-expiry). Then the next call reads the key's row again; the argon2 check is not repeated while
+A key is accepted only on a row read at most `revocation_s` ago (2 s by default), and its
+outcome is trusted until that read plus `revocation_s` (never past the key's expiry, which the
+row's read measures with the database's clock, so no wall clock of the gateway takes part). A
+first verification that waited its turn for argon2 longer than that reads the row again after
+the check. Then the next call reads the key's row again; the argon2 check is not repeated while
 the stored hash is the one already checked. A revoked or expired key is therefore refused on
 every replica within `revocation_s` plus one database read of its revocation, with no pub/sub
 to lose messages or to set up: at 2 s a key in use costs each replica one indexed primary-key
 read per 2 s, which is nothing next to its traffic.
 
-Refusals are remembered for the same time, so a client retrying a bad key costs no argon2 either,
-and concurrent calls with the same key share one check. A key id that does not exist is refused
-without argon2; a wrong secret of a real id costs one argon2 check, bounded by a semaphore so a
-flood of them cannot take every core.
+Refusals are remembered for the same time, in a cache of their own (bounded too), so a client
+retrying a bad key costs no argon2 either and a flood of bogus keys cannot evict the keys in
+use; concurrent calls with the same key share one check. A key id that does not exist is
+refused after the row read, without argon2: ids are not secret (`key:<id>` is in every audit
+entry and list), so the time that takes is allowed to tell an unknown id from a wrong secret,
+and bogus ids cost no argon2 CPU. A wrong secret of a real id costs one argon2 check: at most
+two run at once, a bounded number wait their turn, and beyond that (or beyond a bounded number
+of row reads in flight) a call is answered `OverloadedError` (503, Retry-After) rather than
+queued without end.
 """
 
 from __future__ import annotations
@@ -26,12 +34,11 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-from tidegate.core.errors import AuthenticationError
+from tidegate.core.errors import AuthenticationError, OverloadedError
 from tidegate.gateway.api_keys import KeyRecord, KeyStore, parse_key
 from tidegate.gateway.identity import Identity
 
@@ -39,6 +46,7 @@ __all__ = ["KeyVerifier"]
 
 _INVALID = "invalid API key"
 _ARGON2_AT_ONCE = 2
+_BUSY = "too many API keys are being verified; retry shortly"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +59,8 @@ class _Entry:
 
 class KeyVerifier:
     """`verify(presented)` returns the key's identity or raises `AuthenticationError`; a
-    database that cannot be reached raises `LifecycleUnavailableError` (nothing is cached)."""
+    database that cannot be reached raises `LifecycleUnavailableError`, too much verification
+    at once `OverloadedError` (neither is cached)."""
 
     def __init__(
         self,
@@ -59,32 +68,42 @@ class KeyVerifier:
         *,
         ttl_s: float = 2.0,
         max_entries: int = 10_000,
+        max_refusals: int | None = None,
+        argon2_queue: int = 32,
+        reads_in_flight: int = 64,
         hasher: PasswordHasher | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.max_entries = max_entries
+        self.max_refusals = max_entries if max_refusals is None else max_refusals
+        self.argon2_queue = argon2_queue
+        self.reads_in_flight = reads_in_flight
         self._hasher = hasher or store.hasher
         self._clock = clock
-        self._wall = wall
-        self._cache: dict[bytes, _Entry] = {}
+        self._cache: dict[bytes, _Entry] = {}  # accepted keys
+        self._refused: dict[bytes, _Entry] = {}  # refusals: never evict an accepted key
         self._pending: dict[bytes, asyncio.Future[Identity]] = {}
         self._argon2 = asyncio.Semaphore(_ARGON2_AT_ONCE)
+        self._argon2_wanted = 0  # running and waiting
+        self._reading = 0
         self.db_reads = 0
         self.argon2_checks = 0
 
     async def verify(self, presented: str) -> Identity:
         digest = hashlib.sha256(presented.encode()).digest()
+        now = self._clock()
         entry = self._cache.get(digest)
-        if entry is not None and entry.until > self._clock():
-            if entry.identity is None:
-                raise AuthenticationError(*entry.refusal)
+        if entry is not None and entry.identity is not None and entry.until > now:
             return entry.identity
+        refused = self._refused.get(digest)
+        if refused is not None and refused.until > now:
+            raise AuthenticationError(*refused.refusal)
         pending = self._pending.get(digest)
         if pending is None:
-            pending = asyncio.ensure_future(self._check(digest, presented, entry))
+            prior = entry or refused
+            pending = asyncio.ensure_future(self._check(digest, presented, prior))
             self._pending[digest] = pending
             pending.add_done_callback(lambda _done: self._pending.pop(digest, None))
         # Shielded: a caller that goes away does not cancel the check the others wait on.
@@ -93,41 +112,70 @@ class KeyVerifier:
     def forget(self) -> None:
         """Drop every remembered outcome (tests, and an operator's emergency lever)."""
         self._cache.clear()
+        self._refused.clear()
 
     async def _check(self, digest: bytes, presented: str, prior: _Entry | None) -> Identity:
         parsed = parse_key(presented)
         if parsed is None:
             raise self._refuse(digest, "malformed API key")
         key_id, secret = parsed
-        self.db_reads += 1
-        record = await self.store.get(key_id)
+        read_at, record = await self._read(key_id)
         if record is None:
             raise self._refuse(digest, "unknown API key id")
         # argon2 once per presented key and stored hash: a re-check only reads the row.
         checked = prior is not None and prior.secret_hash == record.secret_hash
-        if not checked and not await self._argon2_ok(record, secret):
-            raise self._refuse(digest, "wrong API key secret")
-        now = self._wall()
-        state = record.state(now)
+        if not checked:
+            if not await self._argon2_ok(record, secret):
+                raise self._refuse(digest, "wrong API key secret")
+            if self._clock() - read_at >= self.ttl_s:
+                # The check waited its turn past the trust window: what the row said then
+                # (not revoked) may no longer hold. Decide on a fresh read, trusted from it.
+                verified_hash = record.secret_hash
+                read_at, record = await self._read(key_id)
+                if record is None:
+                    raise self._refuse(digest, "unknown API key id")
+                if record.secret_hash != verified_hash:
+                    raise self._refuse(digest, "API key hash changed during its check")
+        state = record.state()
         if state != "active":
             raise self._refuse(
                 digest, f"API key {state}", message=f"the API key is {state}", verified=record
             )
         ttl = self.ttl_s
-        if record.expires_at is not None:
-            ttl = min(ttl, (record.expires_at - now).total_seconds())
+        if record.expires_in_s is not None:
+            ttl = min(ttl, record.expires_in_s)
         identity = record.identity()
-        entry = _Entry(self._clock() + ttl, identity, secret_hash=record.secret_hash)
-        self._remember(digest, entry)
+        self._refused.pop(digest, None)
+        entry = _Entry(read_at + ttl, identity, secret_hash=record.secret_hash)
+        self._remember(self._cache, self.max_entries, digest, entry)
         return identity
 
+    async def _read(self, key_id: str) -> tuple[float, KeyRecord | None]:
+        """The key's row, and the monotonic time just before it was read (what its trust is
+        counted from). Refuses to queue more reads than `reads_in_flight` on the small pool."""
+        if self._reading >= self.reads_in_flight:
+            raise OverloadedError(_BUSY)
+        self._reading += 1
+        try:
+            read_at = self._clock()
+            self.db_reads += 1
+            return read_at, await self.store.get(key_id)
+        finally:
+            self._reading -= 1
+
     async def _argon2_ok(self, record: KeyRecord, secret: str) -> bool:
-        async with self._argon2:
-            self.argon2_checks += 1
-            try:
-                return await asyncio.to_thread(self._hasher.verify, record.secret_hash, secret)
-            except (VerificationError, InvalidHashError):
-                return False
+        if self._argon2_wanted >= _ARGON2_AT_ONCE + self.argon2_queue:
+            raise OverloadedError(_BUSY)
+        self._argon2_wanted += 1
+        try:
+            async with self._argon2:
+                self.argon2_checks += 1
+                try:
+                    return await asyncio.to_thread(self._hasher.verify, record.secret_hash, secret)
+                except (VerificationError, InvalidHashError):
+                    return False
+        finally:
+            self._argon2_wanted -= 1
 
     def _refuse(
         self,
@@ -139,16 +187,21 @@ class KeyVerifier:
     ) -> AuthenticationError:
         secret_hash = verified.secret_hash if verified is not None else None
         entry = _Entry(self._clock() + self.ttl_s, None, (message, reason), secret_hash)
-        self._remember(digest, entry)
+        self._cache.pop(digest, None)
+        self._remember(self._refused, self.max_refusals, digest, entry)
         return AuthenticationError(message, reason)
 
-    def _remember(self, digest: bytes, entry: _Entry) -> None:
-        cache = self._cache
+    def _remember(
+        self, cache: dict[bytes, _Entry], limit: int, digest: bytes, entry: _Entry
+    ) -> None:
+        """Insert, dropping the oldest remembered first: stale ones at the front, then as many
+        as the bound needs (amortized O(1): a flood never walks the whole cache)."""
         cache.pop(digest, None)
-        if len(cache) >= self.max_entries:
-            now = self._clock()
-            for stale in [d for d, e in cache.items() if e.until <= now]:
-                del cache[stale]
-            while len(cache) >= self.max_entries:
-                del cache[next(iter(cache))]  # the oldest remembered
-        cache[digest] = entry
+        now = self._clock()
+        while cache:
+            oldest = next(iter(cache))
+            if len(cache) < limit and cache[oldest].until > now:
+                break
+            del cache[oldest]
+        if limit > 0:
+            cache[digest] = entry

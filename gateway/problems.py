@@ -40,6 +40,7 @@ from tidegate.core.errors import (
 )
 from tidegate.gateway.http_errors import (
     PayloadTooLargeError,
+    RequestIdTakenError,
     RequestNotFoundError,
     UnsupportedMediaTypeError,
 )
@@ -71,6 +72,8 @@ _ERROR_STATUS: tuple[tuple[type[TidegateError], int], ...] = (
     (PermissionDeniedError, 403),
     # The model changed since the caller read it: nothing was written, read again and decide.
     (ConcurrencyConflictError, 409),
+    # A request id the caller chose is another caller's stored request.
+    (RequestIdTakenError, 409),
     # Well-formed, but refused: a transition the state does not allow, a package that fails.
     (InvalidTransitionError, 422),
     (ArtifactError, 422),

@@ -6,7 +6,9 @@ nothing else: a call answered in time never reaches Redis. Results of requests t
 to keep (asynchronous calls, and synchronous ones answered 504, which `keep` remembers for
 `result_ttl_s`) go to the result store so they can be fetched by id. Any other result nobody here
 waits for (a call of another replica that held this partition before, a duplicate) is attached
-only to a request the store already knows, which costs one Redis call and writes nothing else.
+only to a request the store already knows and holds no result for yet, which costs one Redis
+call and writes nothing else. A stored result is written as its caller's (`expect` and `keep`
+take the caller's subject): the store refuses it when the request id is another caller's.
 
 With tracing on, the feed hands each reply over with the trace context its headers carry (the
 worker's span of the request), and the router records a `reply` span under it: the caller's
@@ -33,6 +35,8 @@ from tidegate.gateway.result_store import ResultStore
 __all__ = ["Deliver", "ReplyFeed", "ReplyRouter"]
 
 _log = logging.getLogger(__name__)
+
+_UNKEPT: Any = object()
 
 
 class Deliver(Protocol):
@@ -68,14 +72,18 @@ class ReplyRouter:
         self._store = store
         self._tracer = tracer
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self._kept: TTLCache[str, bool] = TTLCache(max_kept, keep_s, timer=time.monotonic)
+        # The caller's subject of a waiting or kept request (None: a caller without one).
+        self._owners: dict[str, str | None] = {}
+        self._kept: TTLCache[str, str | None] = TTLCache(max_kept, keep_s, timer=time.monotonic)
         self._writes: set[asyncio.Task[None]] = set()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
-    def expect(self, request_id: str) -> asyncio.Future[dict[str, Any]]:
-        """Register before publishing, so that a result arriving at once is not missed."""
+    def expect(self, request_id: str, owner: str | None = None) -> asyncio.Future[dict[str, Any]]:
+        """Register before publishing, so that a result arriving at once is not missed; `owner`
+        is the caller's subject, whose the result is if it has to be stored."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
+        self._owners[request_id] = owner
         return future
 
     def is_waiting(self, request_id: str) -> bool:
@@ -86,12 +94,14 @@ class ReplyRouter:
         if future is not None and self._waiting.get(request_id) is not future:
             return
         found = self._waiting.pop(request_id, None)
+        self._owners.pop(request_id, None)
         if found is not None and not found.done():
             found.cancel()
 
-    def keep(self, request_id: str) -> None:
-        """Store this request's result when it comes: the caller was promised a later fetch."""
-        self._kept[request_id] = True
+    def keep(self, request_id: str, owner: str | None = None) -> None:
+        """Store this request's result, as `owner`'s, when it comes: the caller was promised a
+        later fetch."""
+        self._kept[request_id] = owner
 
     def drop(self, request_id: str) -> None:
         self._kept.pop(request_id, None)
@@ -99,13 +109,16 @@ class ReplyRouter:
     def deliver(self, result: dict[str, Any], raw: bytes, trace: Context | None = None) -> None:
         request_id = str(result["request_id"])
         future = self._waiting.pop(request_id, None)
+        owner = self._owners.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(result)
             outcome = "awaited"
-        elif self._kept.pop(request_id, None) or future is not None:
+        elif (kept := self._kept.pop(request_id, _UNKEPT)) is not _UNKEPT or future is not None:
             # A call still registered but ended has just ended, almost always at its deadline:
             # it answers 504, which promises this result, and may not have said `keep` yet.
-            self._write(self._store_result(request_id, raw))
+            if kept is not _UNKEPT:
+                owner = kept
+            self._write(self._store_result(request_id, raw, owner))
             outcome = "stored"
         else:
             self._write(self._attach_result(request_id, raw))
@@ -126,9 +139,9 @@ class ReplyRouter:
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _store_result(self, request_id: str, raw: bytes) -> None:
+    async def _store_result(self, request_id: str, raw: bytes, owner: str | None) -> None:
         try:
-            await self._store.save(request_id, result=raw)
+            await self._store.save(request_id, result=raw, owner=owner)
         except TidegateError as exc:
             # Only a later fetch by id misses this result, and Kafka's results topic holds it.
             _log.warning(

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import tidegate
 from tidegate.gateway import v2_http
 from tidegate.gateway.identity import Permission
-from tidegate.gateway.permissions import guarded
+from tidegate.gateway.permissions import guarded, request_identity
 from tidegate.gateway.problems import problem
 from tidegate.gateway.replica import GatewayRuntime
 
@@ -102,7 +102,8 @@ async def version_ready(request: Request, model: str, version: str) -> dict[str,
 
 @router.get("/v2/requests/{request_id}", **guarded(Permission.INFER))
 async def fetch(request: Request, request_id: str) -> Response:
-    return await v2_http.fetch(_runtime(request).inference, request_id)
+    """A result kept by id: its caller's own (or any, for an unscoped admin); else 404."""
+    return await v2_http.fetch(_runtime(request).inference, request_id, request_identity(request))
 
 
 @router.get("/metrics", **guarded(Permission.PUBLIC, closable="metrics"))

@@ -23,6 +23,7 @@ from tidegate.core.tracing import context_from_http
 from tidegate.gateway import http_metrics as metrics
 from tidegate.gateway.body import read_body
 from tidegate.gateway.call_record import REQUEST_TIMEOUT, location
+from tidegate.gateway.identity import Identity
 from tidegate.gateway.infer import UNKNOWN_MODEL, InferCall, Inference, Outcome
 from tidegate.gateway.problems import error_problem
 from tidegate.gateway.responses import render_result
@@ -96,6 +97,7 @@ async def _infer(
         return Response(status_code=CLIENT_GONE), None
     else:
         headers = request.headers
+        identity: Identity | None = getattr(request.state, "identity", None)
         call = InferCall(
             model,
             version,
@@ -103,6 +105,7 @@ async def _infer(
             header_length=headers.get(HEADER_LENGTH),
             timeout=headers.get(REQUEST_TIMEOUT),
             respond_async=prefers_async(request),
+            owner=identity.subject if identity is not None else None,
         )
         outcome = await inference.infer(call)
     response = respond(outcome, request.url.path)
@@ -133,10 +136,12 @@ def respond(outcome: Outcome, path: str) -> Response:
     return render_result(outcome.result, outcome.prefs, instance=instance)
 
 
-async def fetch(inference: Inference, request_id: str) -> Response:
+async def fetch(inference: Inference, request_id: str, caller: Identity) -> Response:
+    """The stored request `request_id`, if `caller` may see it (its owner, or an unscoped admin);
+    else 404, as for an unknown id."""
     instance = location(request_id)
     try:
-        stored = await inference.lookup(request_id)
+        stored = await inference.lookup(request_id, caller)
     except TidegateError as exc:
         return error_problem(exc, instance=instance, request_id=request_id)
     if stored.result is None:

@@ -1,9 +1,10 @@
 """Shared by the authentication tests: API keys in memory, and an OIDC issuer of the test's own.
 
-`MemoryKeyStore` is the `api_keys` table in a dict, counting reads. `Issuer` holds RSA keys made
-with `cryptography`, signs tokens with PyJWT and serves its JWKS from a local `http.server`
-thread, so the gateway's verifier fetches it over HTTP as it would from a real issuer; `rotate`
-adds a key with a new id.
+`MemoryKeyStore` is the `api_keys` table in a dict, counting reads; `db_now` is the database's
+clock, which (as in PostgreSQL) alone decides expiries and writes revocations. `Issuer` holds
+RSA keys made with `cryptography`, signs tokens with PyJWT and serves its JWKS from a local
+`http.server` thread, so the gateway's verifier fetches it over HTTP as it would from a real
+issuer; `rotate` adds a key with a new id.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,7 +23,14 @@ from argon2 import PasswordHasher
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
-from tidegate.gateway.api_keys import IssuedKey, KeyRecord, KeyStore, new_key, parse_key
+from tidegate.gateway.api_keys import (
+    IssuedKey,
+    KeyRecord,
+    KeyStore,
+    check_grants,
+    new_key,
+    parse_key,
+)
 from tidegate.gateway.identity import Grant
 
 # argon2 at its cheapest: the tests check behaviour, not the cost parameters.
@@ -35,6 +44,7 @@ class MemoryKeyStore(KeyStore):
         self.hasher = FAST_HASHER
         self.rows: dict[str, KeyRecord] = {}
         self.reads = 0
+        self.db_now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     async def create(
         self,
@@ -45,28 +55,47 @@ class MemoryKeyStore(KeyStore):
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
     ) -> IssuedKey:
+        check_grants(grants)
         key_id, key = new_key()
         parsed = parse_key(key.get_secret_value())
         assert parsed is not None
         record = KeyRecord(
             key_id, name, self.hasher.hash(parsed[1]), grants, rate_per_s,
-            datetime.now(UTC), created_by, expires_at, None, None,
+            self.db_now(), created_by, expires_at, None, None,
         )  # fmt: skip
         self.rows[key_id] = record
-        return IssuedKey(record, key)
+        return IssuedKey(self._read(record), key)
+
+    def _read(self, record: KeyRecord) -> KeyRecord:
+        """The row as a SELECT returns it: `expires_in_s` by the database's clock."""
+        if record.expires_at is None:
+            return record
+        return replace(record, expires_in_s=(record.expires_at - self.db_now()).total_seconds())
 
     async def get(self, key_id: str) -> KeyRecord | None:
         self.reads += 1
-        return self.rows.get(key_id)
+        found = self.rows.get(key_id)
+        return self._read(found) if found is not None else None
 
     async def list(self, *, include_inactive: bool = True) -> list[KeyRecord]:
-        return list(self.rows.values())
+        rows = [self._read(r) for r in self.rows.values()]
+        return rows if include_inactive else [r for r in rows if r.state() == "active"]
+
+    async def expire(self, key_id: str, at: datetime | timedelta | None = None) -> KeyRecord | None:
+        found = self.rows.get(key_id)
+        if found is None:
+            return None
+        now = self.db_now()
+        when = now if at is None else now + at if isinstance(at, timedelta) else at
+        when = max(when, found.created_at + timedelta(milliseconds=1))
+        self.rows[key_id] = replace(found, expires_at=when)
+        return self._read(self.rows[key_id])
 
     async def revoke(self, key_id: str, *, revoked_by: str) -> KeyRecord | None:
         found = self.rows.get(key_id)
         if found is not None and found.revoked_at is None:
-            self.rows[key_id] = replace(found, revoked_at=datetime.now(UTC), revoked_by=revoked_by)
-        return self.rows.get(key_id)
+            self.rows[key_id] = replace(found, revoked_at=self.db_now(), revoked_by=revoked_by)
+        return self._read(self.rows[key_id]) if key_id in self.rows else None
 
 
 def bearer(key: SecretStr | str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.backends import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.http_errors import RequestIdTakenError
 from tidegate.gateway.model_catalog import ModelCatalog
 from tidegate.gateway.publisher import Ack, RequestPublisher
 from tidegate.gateway.replies import Deliver, ReplyFeed
@@ -180,23 +181,32 @@ class MemoryStore(ResultStore):
         self.saving = threading.Event()
 
     async def save(
-        self, request_id: str, *, meta: dict[str, Any] | None = None, result: bytes | None = None
+        self,
+        request_id: str,
+        *,
+        meta: dict[str, Any] | None = None,
+        result: bytes | None = None,
+        owner: str | None = None,
     ) -> None:
         self.calls.append(("save", request_id))
         self.saving.set()
         if self.save_delay_s:
             await asyncio.sleep(self.save_delay_s)
         old = self.requests.get(request_id, StoredRequest(None, None))
+        if owner is not None and old.owner is not None and old.owner != owner:
+            raise RequestIdTakenError(request_id)
         self.requests[request_id] = StoredRequest(
-            meta if meta is not None else old.meta, result if result is not None else old.result
+            meta if meta is not None else old.meta,
+            result if result is not None else old.result,
+            owner if owner is not None else old.owner,
         )
 
     async def attach(self, request_id: str, result: bytes) -> bool:
         self.calls.append(("attach", request_id))
         old = self.requests.get(request_id)
-        if old is None:
+        if old is None or old.result is not None:
             return False
-        self.requests[request_id] = StoredRequest(old.meta, result)
+        self.requests[request_id] = StoredRequest(old.meta, result, old.owner)
         return True
 
     async def get(self, request_id: str) -> StoredRequest | None:

@@ -111,10 +111,15 @@ class CountingStore(ResultStore):
         self.calls: list[tuple[str, str]] = []
 
     async def save(
-        self, request_id: str, *, meta: dict[str, Any] | None = None, result: bytes | None = None
+        self,
+        request_id: str,
+        *,
+        meta: dict[str, Any] | None = None,
+        result: bytes | None = None,
+        owner: str | None = None,
     ) -> None:
         self.calls.append(("save", request_id))
-        await self.store.save(request_id, meta=meta, result=result)
+        await self.store.save(request_id, meta=meta, result=result, owner=owner)
 
     async def attach(self, request_id: str, result: bytes) -> bool:
         self.calls.append(("attach", request_id))

@@ -15,6 +15,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,7 +44,7 @@ from tidegate.core.settings import (
     TopicSettings,
 )
 from tidegate.gateway.admin import lifecycle_admin
-from tidegate.gateway.api_keys import KeyStore
+from tidegate.gateway.api_keys import KeyRecord, KeyStore
 from tidegate.gateway.app import create_app
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.identity import Grant, Permission
@@ -401,6 +402,31 @@ def test_the_gateways_admin_actions_and_refused_credentials_are_in_the_audit_log
     assert len(failures) == 2  # a wrong key and no credentials at all
     assert all(e["source"] for e in entries), "where each call came from"
     assert "tg_0000_nope" not in json.dumps(entries, default=str)
+
+
+def test_key_expiry_is_written_and_judged_by_the_database_clock(keys: Keys) -> None:
+    async def go(store: KeyStore) -> tuple[KeyRecord | None, KeyRecord | None, KeyRecord | None]:
+        soon = await store.create("it", (Grant("infer"),), created_by="local:it")
+        later = await store.create("it", (Grant("infer"),), created_by="local:it")
+        await asyncio.sleep(0.01)
+        with pytest.raises(ValueError, match="names no model"):
+            await store.create("it", (Grant("infer", frozenset()),), created_by="local:it")
+        return (
+            await store.expire(soon.record.id),  # now(): expired at once
+            await store.expire(later.record.id, timedelta(hours=1)),  # now() + 1 h
+            await store.get(later.record.id),
+        )
+
+    expired, extended, read = keys.run(go)
+    assert expired is not None
+    assert expired.state() == "expired"
+    assert expired.expires_in_s is not None
+    assert expired.expires_in_s <= 0
+    assert extended is not None
+    assert read is not None
+    assert read.state() == "active"
+    assert read.expires_in_s is not None
+    assert 3590 < read.expires_in_s <= 3600
 
 
 def test_migration_0007_rolls_back_and_applies_again(pg_settings: PostgresSettings) -> None:

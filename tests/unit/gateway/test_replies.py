@@ -167,3 +167,21 @@ async def test_with_tracing_a_reply_is_a_span_under_the_workers_context() -> Non
         "tidegate.request_id": "traced",
         "tidegate.reply": "awaited",
     }
+
+
+async def test_stored_results_are_their_callers_and_attach_never_replaces_one() -> None:
+    store = MemoryStore()
+    store.requests["done"] = StoredRequest({"model": "fraud"}, b"first", "key:a")
+    replies = router(store)
+    replies.keep("kept", "key:a")
+    replies.deliver({"request_id": "kept"}, b"raw-kept")
+    late = replies.expect("late", "key:b")
+    late.cancel()  # its call ended at the deadline and has not said `keep` yet
+    replies.deliver({"request_id": "late"}, b"raw-late")
+    replies.deliver({"request_id": "done"}, b"duplicate")  # nobody waits: only attached
+    replies.keep("done", "key:mallory")  # a reused id: the store refuses the write
+    replies.deliver({"request_id": "done"}, b"forged")
+    await replies.drain()
+    assert store.requests["kept"] == StoredRequest(None, b"raw-kept", "key:a")
+    assert store.requests["late"] == StoredRequest(None, b"raw-late", "key:b")
+    assert store.requests["done"] == StoredRequest({"model": "fraud"}, b"first", "key:a")
