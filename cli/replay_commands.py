@@ -12,7 +12,6 @@ move (the reader assigns and never commits). Ctrl-C stops after the batch in han
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 from dataclasses import dataclass
@@ -306,13 +305,12 @@ async def _run(
             runner.stop()
             loop.remove_signal_handler(signal.SIGINT)
 
-        with contextlib.suppress(NotImplementedError):  # no signal handlers on this platform
-            loop.add_signal_handler(signal.SIGINT, interrupt)
+        # POSIX only, as every tidegate process (the worker supervisor relies on signals too).
+        loop.add_signal_handler(signal.SIGINT, interrupt)
         try:
             await runner.run()
         finally:
-            with contextlib.suppress(NotImplementedError):
-                loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGINT)
             await scorer.close()
             if pool is not None:
                 await pool.close()

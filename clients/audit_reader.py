@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.errors import InvalidInputError, RetriableError, TidegateError
-from tidegate.core.kafka import make_consumer
+from tidegate.core.kafka import make_reader
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.schemas.catalog import AUDIT_EVENT, load_schema
 from tidegate.schemas.codec import AvroDecoder
@@ -100,11 +99,7 @@ class AuditReader:
         self.skipped = 0
         """Messages that were not audit entries (undecodable): counted, never fatal."""
         try:
-            self._consumer: Consumer = make_consumer(
-                kafka or KafkaSettings(),
-                f"tidegate-audit-read-{uuid.uuid4().hex[:12]}",
-                {"enable.partition.eof": True, "enable.auto.offset.store": False},
-            )
+            self._consumer: Consumer = make_reader(kafka or KafkaSettings(), "audit-read")
         except KafkaException as exc:
             raise AuditUnavailableError(f"cannot create a Kafka consumer: {exc}") from exc
 

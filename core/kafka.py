@@ -16,6 +16,7 @@ stderr rather than pile up unserved.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "make_admin",
     "make_consumer",
     "make_producer",
+    "make_reader",
     "producer_config",
     "redacted",
 ]
@@ -167,6 +169,15 @@ def make_consumer(
     settings: KafkaSettings, group_id: str, extra: Mapping[str, Any] | None = None
 ) -> Consumer:
     return Consumer(consumer_config(settings, group_id, extra))
+
+
+def make_reader(settings: KafkaSettings, purpose: str) -> Consumer:
+    """A consumer for reading assigned partitions up to their end (partition EOF events) that
+    never stores or commits an offset, under a throwaway group named after `purpose`: the
+    inspection tools and feeds that must not join or move any group that matters."""
+    group_id = f"tidegate-{purpose}-{uuid.uuid4().hex[:12]}"
+    extra = {"enable.partition.eof": True, "enable.auto.offset.store": False}
+    return make_consumer(settings, group_id, extra)
 
 
 def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) -> AdminClient:

@@ -23,7 +23,6 @@ import contextlib
 import inspect
 import logging
 import threading
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -40,7 +39,7 @@ from confluent_kafka import (
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.errors import LifecycleError, LifecycleUnavailableError, TidegateError
-from tidegate.core.kafka import consume_ready, make_consumer
+from tidegate.core.kafka import consume_ready, make_reader
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.lifecycle.domain.events import RecordedEvent
 from tidegate.lifecycle.domain.routing import RoutingTable
@@ -204,11 +203,7 @@ class LifecycleFeed:
 
     def _run(self) -> None:
         try:
-            consumer = make_consumer(
-                self._kafka,
-                f"tidegate-lifecycle-feed-{self.name}-{uuid.uuid4().hex[:12]}",
-                {"enable.partition.eof": True, "enable.auto.offset.store": False},
-            )
+            consumer = make_reader(self._kafka, f"lifecycle-feed-{self.name}")
         except KafkaException as exc:  # a configuration librdkafka refuses
             self._set_problem(f"cannot create a consumer: {exc}")
             return

@@ -130,7 +130,7 @@ def reader_of(
     ctx = SerializationContext(TOPIC, MessageField.VALUE)
     values = [encoder(e, ctx) for e in events]
     consumer = FakeConsumer(values, [e["at"] for e in events])
-    monkeypatch.setattr(audit_reader, "make_consumer", lambda *_args: consumer)
+    monkeypatch.setattr(audit_reader, "make_reader", lambda *_args: consumer)
     return AuditReader(topics=TopicSettings(audit=TOPIC), registry=registry), consumer
 
 
