@@ -38,6 +38,7 @@ __all__ = [
     "check_grants",
     "grants_from_json",
     "grants_to_json",
+    "issue",
     "new_key",
     "parse_key",
 ]
@@ -54,6 +55,15 @@ def new_key() -> tuple[str, SecretStr]:
     """A fresh key id and the whole key (`tg_<id>_<secret>`), the latter to show once."""
     key_id = secrets.token_hex(8)
     return key_id, SecretStr(f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}")
+
+
+def issue(hasher: PasswordHasher, grants: tuple[Grant, ...]) -> tuple[str, SecretStr, str]:
+    """A new key for `grants` (checked): its id, the whole key, and the hash to store."""
+    check_grants(grants)
+    key_id, key = new_key()
+    parsed = parse_key(key.get_secret_value())
+    assert parsed is not None  # noqa: S101 - new_key writes what parse_key reads
+    return key_id, key, hasher.hash(parsed[1])
 
 
 def parse_key(presented: str) -> tuple[str, str] | None:
@@ -177,11 +187,7 @@ class KeyStore:
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
     ) -> IssuedKey:
-        check_grants(grants)
-        key_id, key = new_key()
-        parsed = parse_key(key.get_secret_value())
-        assert parsed is not None  # noqa: S101 - new_key writes what parse_key reads
-        secret_hash = self.hasher.hash(parsed[1])
+        key_id, key, secret_hash = issue(self.hasher, grants)
         async with connection(self.pool) as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(
                 f"INSERT INTO api_keys (id, name, secret_hash, grants, rate_per_s, created_by,"  # noqa: S608

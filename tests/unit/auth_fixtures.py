@@ -27,9 +27,7 @@ from tidegate.gateway.api_keys import (
     IssuedKey,
     KeyRecord,
     KeyStore,
-    check_grants,
-    new_key,
-    parse_key,
+    issue,
 )
 from tidegate.gateway.identity import Grant
 
@@ -55,12 +53,9 @@ class MemoryKeyStore(KeyStore):
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
     ) -> IssuedKey:
-        check_grants(grants)
-        key_id, key = new_key()
-        parsed = parse_key(key.get_secret_value())
-        assert parsed is not None
+        key_id, key, secret_hash = issue(self.hasher, grants)
         record = KeyRecord(
-            key_id, name, self.hasher.hash(parsed[1]), grants, rate_per_s,
+            key_id, name, secret_hash, grants, rate_per_s,
             self.db_now(), created_by, expires_at, None, None,
         )  # fmt: skip
         self.rows[key_id] = record
