@@ -168,14 +168,23 @@ def test_gateway_replicas_answer_429_and_hold_the_rate_together(
         def client() -> None:
             # No keep-alive: every call a new connection, which either process may accept.
             limits = httpx.Limits(max_keepalive_connections=0)
+            # Paced at the limit each (6x the limit in all), not as fast as the loop goes: a
+            # saturated gateway queues calls, and the time a call was sent then drifts from
+            # the time the limit saw it by as much as the queue holds (in CI, 15% of 4 s).
+            step = 1 / rate
+            due = time.monotonic()
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", limits=limits) as http:
                 while (sent := time.monotonic()) < deadline:
+                    if sent < due:
+                        time.sleep(due - sent)  # pacing an open-loop sender, not a wait
+                        sent = time.monotonic()
+                    due = max(due + step, sent - step)
                     resp = http.post("/v2/models/fraud/infer", json=fraud_body(), timeout=30)
                     # When it was sent: the limit decides on arrival, before the worker's answer.
                     with lock:
                         seen.append((sent, resp))
 
-        threads = [threading.Thread(target=client) for _ in range(4)]
+        threads = [threading.Thread(target=client) for _ in range(6)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -188,7 +197,7 @@ def test_gateway_replicas_answer_429_and_hold_the_rate_together(
     accepted = sum(r.status_code == 200 for r in measured)
     print(f"HTTP: {accepted / MEASURE_S:.1f}/s accepted of {len(measured) / MEASURE_S:.0f}/s")
     assert abs(accepted / MEASURE_S - rate) <= 0.1 * rate, f"{accepted / MEASURE_S:.1f}/s"
-    assert len(measured) > 2 * accepted
+    assert len(measured) > 2.5 * accepted
     # Both replicas served: the requests they published name both reply partitions.
     assert len({r["reply_to"]["partition"] for r in worker.seen}) == 2
     refused = next(r for r in measured if r.status_code == 429)
