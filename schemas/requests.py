@@ -44,8 +44,11 @@ def build_request(
     outputs: Sequence[str] = (),
     parameters: Mapping[str, Any] | None = None,
     reply_to: Mapping[str, Any] | None = None,
+    entity_key: str | None = None,
 ) -> dict[str, Any]:
-    """An `InferenceRequest` record; `inputs` are named arrays or `Tensor` records."""
+    """An `InferenceRequest` record; `inputs` are named arrays or `Tensor` records. With
+    `entity_key`, the worker fills the model's declared features the inputs lack from the online
+    feature store."""
     now = datetime.now(UTC)
     return {
         "request_id": request_id or uuid.uuid4().hex,
@@ -59,6 +62,7 @@ def build_request(
         "deadline": _deadline(deadline, now),
         "created_at": now,
         "reply_to": dict(reply_to) if reply_to else None,
+        "entity_key": entity_key,
     }
 
 

@@ -64,6 +64,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "deadline": NOW,
         "created_at": NOW,
         "reply_to": {"topic": "replies", "partition": 7},
+        "entity_key": "card-42",
     },
     INFERENCE_RESULT: {
         "request_id": "r-1",
@@ -100,6 +101,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
                 "reason": "MODEL_UNAVAILABLE",
             }
         ],
+        "cached": True,
+        "features_at": NOW,
     },
     MODEL_LIFECYCLE_EVENT: {
         "event_id": "e-1",
