@@ -59,7 +59,8 @@ def list_table(models: list[dict[str, Any]]) -> RenderableType:
 def status_render(state: dict[str, Any]) -> RenderableType:
     title = (
         f"{state['model']}  primary={_cell(state['primary'])}  "
-        f"previous={_cell(state['previous_primary'])}  sequence={state['sequence']}"
+        f"previous={_cell(state['previous_primary'])}  "
+        f"fallback={_cell(state.get('fallback'))}  sequence={state['sequence']}"
     )
     versions = Table(title=title)
     for column in ("version", "status", "weight", "effective", "shadow", "loaded on", "by"):

@@ -265,6 +265,29 @@ def unpin(
     _write(as_json, action)
 
 
+@app.command("fallback")
+def fallback(
+    model: Name,
+    to: Annotated[
+        str | None, typer.Argument(help="The fallback model (its primary serves).")
+    ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the fallback.")] = False,
+    reason: Annotated[str, typer.Option(help="Why, recorded in the event.")] = "operator",
+    expected: Expected = None,
+    as_json: Json = False,
+) -> None:
+    """Declare the model that serves MODEL's requests while MODEL's circuit breaker is open
+    (or `--clear` it). Callers may refuse it per request with `parameters.fallback=false`."""
+    if (to is None) != clear:
+        raise typer.BadParameter("give either a fallback model or --clear")
+    who = actor()
+
+    async def action(c: LifecycleCommands) -> CommandResult:
+        return await c.fallback(model, to, actor=who, reason=reason, expected_sequence=expected)
+
+    _write(as_json, action)
+
+
 @app.command("experiment")
 def experiment(
     model: Name,

@@ -173,6 +173,12 @@ class UnpinBody(_Body):
     rule_id: str
 
 
+class FallbackBody(_Body):
+    # None clears the fallback.
+    fallback: str | None
+    reason: str = "operator"
+
+
 class ExperimentBody(_Body):
     weights: dict[str, int]
     tenant: str | None = None
@@ -337,6 +343,20 @@ async def experiment(
         actor=actor,
         tenant=body.tenant,
         rule_id=body.rule_id,
+        expected_sequence=body.expected_sequence,
+    )
+    return result.to_dict()
+
+
+@router.post("/models/{name}/fallback", **guarded(Permission.DEPLOY, model_from="name"))
+async def fallback(
+    name: str, body: FallbackBody, commands: Commands, actor: Actor
+) -> dict[str, Any]:
+    result = await commands.fallback(
+        name,
+        body.fallback,
+        actor=actor,
+        reason=body.reason,
         expected_sequence=body.expected_sequence,
     )
     return result.to_dict()

@@ -91,6 +91,15 @@ class ModelCatalog:
         _, found = await self._resolve(name, version)
         return self._signature(name, found)
 
+    async def routes(self, name: str, version: str | None) -> tuple[frozenset[str], str | None]:
+        """The versions a request may be routed to (the one it asks for, else every servable
+        one), and the model's declared fallback model (docs/breakers.md)."""
+        state = await self._state(name)
+        if version is not None:
+            return frozenset({version}), state.fallback_model
+        servable = frozenset(v.version for v in state.versions if v.servable)
+        return servable, state.fallback_model
+
     async def check_ready(self, name: str, version: str | None = None) -> None:
         """Return when a worker has the version (or the primary) loaded and warm; otherwise
         `ModelUnavailableError` (or `ModelNotFoundError` when it is not served at all)."""

@@ -30,6 +30,7 @@ __all__ = [
     "evaluate_backtest",
     "evaluate_gate",
     "experiment",
+    "fallback",
     "known_model",
     "known_version",
     "needs_gate",
@@ -430,3 +431,31 @@ def check_weights(weights: Mapping[str, int]) -> None:
 def _check_rule_id(rule_id: str) -> None:
     if not rule_id or len(rule_id) > 128:
         raise InvalidTransitionError(f"a rule id is 1 to 128 characters, not {rule_id!r}")
+
+
+def fallback(
+    state: ModelState, target: ModelState | None, reason: str = "operator"
+) -> ev.FallbackSet:
+    """Declare `target` the model's fallback, or clear it (`target` None). The fallback must be
+    a registered model with a primary, since workers serve a fallback by its primary's split;
+    it is one hop only (a fallback's own fallback is never followed), so a cycle is harmless."""
+    known_model(state)
+    if target is None:
+        if state.fallback_model is None:
+            raise InvalidTransitionError(f"{state.model} has no fallback to clear")
+        return ev.FallbackSet(None, reason)
+    if target.sequence == 0:
+        # The command's model exists; the one it names is an invalid argument, not a 404.
+        raise InvalidTransitionError(
+            f"{target.model} is not a registered model, so it cannot be {state.model}'s fallback"
+        )
+    if target.model == state.model:
+        raise InvalidTransitionError(f"{state.model} cannot be its own fallback")
+    if target.primary is None:
+        raise InvalidTransitionError(
+            f"{target.model} has no primary version to serve as {state.model}'s fallback; "
+            "promote one first"
+        )
+    if state.fallback_model == target.model:
+        raise InvalidTransitionError(f"{target.model} is already {state.model}'s fallback")
+    return ev.FallbackSet(target.model, reason)

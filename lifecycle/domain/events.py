@@ -20,6 +20,7 @@ __all__ = [
     "EVENT_TYPES",
     "ArtifactValidated",
     "CanaryStarted",
+    "FallbackSet",
     "ModelRegistered",
     "NewEvent",
     "Payload",
@@ -157,6 +158,15 @@ class VersionUnloaded:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class FallbackSet:
+    """The model's fallback model (None clears it): it serves the model's requests while the
+    version a worker would call has an open circuit breaker."""
+
+    fallback: str | None = None
+    reason: str = ""
+
+
 Payload: TypeAlias = (
     ModelRegistered
     | ArtifactValidated
@@ -171,6 +181,7 @@ Payload: TypeAlias = (
     | RoutingRuleSet
     | VersionLoaded
     | VersionUnloaded
+    | FallbackSet
 )
 
 EVENT_TYPES: Mapping[str, type[Payload]] = {
@@ -189,6 +200,7 @@ EVENT_TYPES: Mapping[str, type[Payload]] = {
         RoutingRuleSet,
         VersionLoaded,
         VersionUnloaded,
+        FallbackSet,
     )
 }
 

@@ -82,6 +82,7 @@ def state_view(state: ModelState) -> dict[str, Any]:
             "step_at": iso(canary.step_at),
         },
         "rules": [rule_view(r) for r in state.rules],
+        "fallback": state.fallback_model,
         "versions": [version_view(v) for v in state.versions],
         "updated_at": iso(state.updated_at),
     }
@@ -98,6 +99,7 @@ def summary_view(state: ModelState) -> dict[str, Any]:
         "canary": state.canary.version if state.canary else None,
         "versions": {v.version: v.status.value for v in state.versions},
         "rules": len(state.rules),
+        "fallback": state.fallback_model,
         "updated_at": iso(state.updated_at),
     }
 
@@ -112,6 +114,7 @@ def table_view(table: RoutingTable) -> dict[str, Any]:
         "shadows": dict(table.shadows),
         "rules": [rule_view(r) for r in table.rules],
         "servable": sorted(table.servable),
+        "fallback": table.fallback_model,
     }
 
 

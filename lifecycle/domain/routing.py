@@ -36,7 +36,10 @@ class Decision:
     version: str
     rule: str
     """Why: `explicit-version`, `pin:<rule>`, `experiment:<rule>`, `split@<sequence>` or
-    `warming-fallback@<sequence>`; results carry it, so `tidegate served` can say why."""
+    `warming-fallback@<sequence>`; results carry it, so `tidegate served` can say why. A worker
+    that sends the request to the model's declared fallback instead says
+    `fallback:breaker-open@<model>/<version>` (`tidegate.agents.dataplane`); one a gateway sent
+    to the fallback says `fallback:<reason>@<model>`, reason `breaker-open` or `overloaded`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,8 @@ class RoutingTable:
     servable: frozenset[str]
     known: frozenset[str]
     wanted: frozenset[str]
+    fallback_model: str | None = None
+    """The model declared to serve this one's requests while its breaker is open."""
 
     @classmethod
     def from_state(cls, state: ModelState) -> RoutingTable:
@@ -68,6 +73,7 @@ class RoutingTable:
             servable=frozenset(v.version for v in state.versions if v.servable),
             known=frozenset(v.version for v in state.versions),
             wanted=state.wanted(),
+            fallback_model=state.fallback_model,
         )
 
     def route(

@@ -100,6 +100,9 @@ class ModelState:
     canary: CanaryState | None = None
     rules: tuple[Rule, ...] = ()
     updated_at: datetime | None = None
+    fallback_model: str | None = None
+    """The declared fallback model (`FallbackSet`): it serves while this model's breaker is
+    open. Not to be confused with `fallback()`, the version an unwarmed version's share goes to."""
 
     def version(self, name: str) -> VersionState | None:
         for v in self.versions:
@@ -243,6 +246,8 @@ def _apply(s: ModelState, p: ev.Payload, e: ev.RecordedEvent) -> ModelState:
             weights = tuple(sorted((k, int(w)) for k, w in p.weights.items()))
             rules.append(Rule(p.rule_id, p.tenant, p.version, () if p.version else weights))
         return dataclasses.replace(s, rules=tuple(sorted(rules, key=lambda r: r.rule_id)))
+    if isinstance(p, ev.FallbackSet):
+        return dataclasses.replace(s, fallback_model=p.fallback)
     if isinstance(p, ev.VersionLoaded):
         current = s.version(p.version)
         if current is None:

@@ -240,6 +240,11 @@ def describe(p: ev.Payload) -> str:
         return f"rolled back {p.version}{target}: {p.reason}"
     if isinstance(p, ev.Retired):
         return f"retired {p.version}"
+    if isinstance(p, ev.FallbackSet):
+        why = f" ({p.reason})" if p.reason else ""
+        if p.fallback is None:
+            return f"fallback cleared{why}"
+        return f"fallback set to {p.fallback}{why}"
     if isinstance(p, ev.RoutingRuleSet):
         who = f"tenant {p.tenant}" if p.tenant else "everyone"
         if p.version is not None:

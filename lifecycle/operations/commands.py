@@ -284,6 +284,22 @@ class LifecycleCommands:
             expected_sequence,
         )
 
+    async def fallback(
+        self,
+        model: str,
+        fallback: str | None,
+        *,
+        actor: str,
+        reason: str = "operator",
+        expected_sequence: int | None = None,
+    ) -> CommandResult:
+        """Declare (or, with None, clear) the model's fallback model. Only the model's stream
+        is appended to: the fallback's state is read to check it can serve, not locked."""
+        target = await self.events.load(fallback) if fallback is not None else None
+        return await self._command(
+            model, lambda s: decide.fallback(s, target, reason), actor, expected_sequence
+        )
+
     # -- reads --------------------------------------------------------------------------------
 
     async def models(self) -> list[ModelState]:

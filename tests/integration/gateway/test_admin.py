@@ -230,6 +230,12 @@ async def test_refusals_gate_and_conflicts(
     retired = ok(await client.post("/admin/models/fraud/retire", json={"version": "2"}))
     assert retired["state"]["versions"][1]["status"] == "retired"
 
+    # fraud-lite is not registered here: a fallback must be a model with a primary.
+    unknown = await client.post("/admin/models/fraud/fallback", json={"fallback": "fraud-lite"})
+    problem(unknown, 422, "INVALID_TRANSITION")
+    own = await client.post("/admin/models/fraud/fallback", json={"fallback": "fraud"})
+    problem(own, 422, "INVALID_TRANSITION")
+
     extra = await client.post("/admin/models/fraud/promote", json={"version": "1", "x": 1})
     problem(extra, 400, "INVALID_INPUT")
     rate = await client.post("/admin/models/fraud/shadow", json={"version": "1", "sample_rate": 2})

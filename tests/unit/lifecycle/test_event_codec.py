@@ -74,6 +74,7 @@ PAYLOADS: list[ev.Payload] = [
     ev.RoutingRuleSet("pin-acme", tenant="acme", version="1", weights={}),
     ev.VersionLoaded("2", "worker-a", load_ms=800.0),
     ev.VersionUnloaded("1", "worker-a", reason="retired"),
+    ev.FallbackSet("fraud-lite", reason="lite serves while fraud's breaker is open"),
 ]
 
 
@@ -132,6 +133,8 @@ def test_envelope_stays_backward_compatible_with_the_first_registered() -> None:
         b["name"]: b for f in json.loads(old)["fields"] if f["name"] == "payload" for b in f["type"]
     }
     for name in ev.EVENT_TYPES:
+        if name not in old_branches:
+            continue  # a type added since: the first envelope wrote none of it
         before = json.dumps({**old_branches[name], "namespace": LIFECYCLE_NAMESPACE})
         now = load_schema(f"{LIFECYCLE_NAMESPACE}.{name}").text
         assert check_compatibility(now, [before], "BACKWARD") == [], name
