@@ -5,6 +5,12 @@ Start order: the lifecycle log (to report loads), the lifecycle feed (caught up 
 `model-lifecycle` topic), the version manager (every wanted version loaded, warmed up and
 reported), the shadow runner, then consumption. Stop is the reverse: stop consuming and drain,
 abandon running shadow comparisons, unload and report every version, stop the feed, close the log.
+
+Consumption is one `InferenceWorker` per lane (docs/lanes.md): the real-time lane on
+`topics.requests` in `group_id`, the batch lane on `topics.requests_batch` in `<group_id>-batch`,
+sharing the models, the service and one `LaneGate`. Each lane has its own consumer, producer and
+crash guard (its Redis keys name its topic); the real-time one runs the retry relay, which sends
+a due retry back to whichever lane's topic it was read from. A lane that fails fails the other.
 """
 
 from __future__ import annotations
@@ -13,19 +19,27 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from redis.asyncio import Redis
 
+from tidegate.agents.breaker_board import BreakerBoard, BreakerPublisher
+from tidegate.agents.breaker_settings import BreakerSettings
 from tidegate.agents.crash_guard import CrashGuard
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.failures import default_router
+from tidegate.agents.feature_settings import FeatureSettings
+from tidegate.agents.lanes import LaneGate
 from tidegate.agents.loaded import ModelCache, ModelLoader, store_loader
+from tidegate.agents.request_stages import front_stages
 from tidegate.agents.shadow import ShadowRunner
 from tidegate.agents.version_manager import VersionManager
 from tidegate.agents.worker import InferenceWorker
 from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.clients.producer import LANES, Lane, lane_topic
+from tidegate.core.aio import cancel_and_wait
+from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -48,7 +62,9 @@ __all__ = [
     "CATCH_UP_S",
     "RunningWorker",
     "WorkerConfig",
+    "breaker_board",
     "crash_guard",
+    "lane_settings",
     "retry_relay",
     "running_worker",
 ]
@@ -71,6 +87,9 @@ class WorkerConfig:
     tracing: TracingSettings = field(default_factory=TracingSettings)
     failure: FailureSettings = field(default_factory=FailureSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
+    cache: PredictionCacheSettings = field(default_factory=PredictionCacheSettings)
+    features: FeatureSettings = field(default_factory=FeatureSettings)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
 
 
 @dataclass
@@ -80,6 +99,10 @@ class RunningWorker:
     shadow: ShadowRunner
     service: InferenceService
     worker: InferenceWorker
+    """The real-time lane's worker; `lanes` has every lane's."""
+    breakers: BreakerBoard | None = None
+    lanes: dict[Lane, InferenceWorker] = field(default_factory=dict)
+    gate: LaneGate | None = None
 
 
 @asynccontextmanager
@@ -147,6 +170,7 @@ async def running_worker(
         )
         stack.push_async_callback(shadow.stop)
         failure = default_router(config.topics, worker_id, config.failure)
+        breakers = await breaker_board(config, stack)
         service = InferenceService(
             feed,
             versions,
@@ -154,38 +178,103 @@ async def running_worker(
             shadow=shadow,
             tracer=tracing.tracer,
             timeout_s=failure.policy.timeout_s,
+            breakers=breakers,
         )
-        guard = crash_guard(config)
-        if guard is not None:
-            stack.push_async_callback(guard.close)
-        worker = InferenceWorker(
+        front = front_stages(
             service,
-            settings=config.worker,
-            kafka=config.kafka,
-            topics=config.topics,
-            registry=config.registry,
-            consumer_extra=consumer_extra,
-            tracing=tracing,
-            failures=failure,
-            crash_guard=guard,
-            relay=retry_relay(config),
+            feed,
+            versions,
+            cache=config.cache,
+            features=config.features,
+            redis=config.redis,
+            worker_id=worker_id,
+            closers=stack,
         )
-        holder.append(worker)
-        await worker.start()
-        stack.push_async_callback(worker.stop)
+        gate = LaneGate(
+            config.worker.batch_share, idle_after_s=config.worker.realtime_idle_ms / 1000.0
+        )
+        lanes: dict[Lane, InferenceWorker] = {}
+        for lane in LANES:
+            settings = lane_settings(config.worker, lane)
+            topic = lane_topic(config.topics, lane)
+            guard = crash_guard(config, topic=topic, group_id=settings.group_id)
+            if guard is not None:
+                stack.push_async_callback(guard.close)
+            worker = InferenceWorker(
+                # The stages have `InferenceService.process`, all the worker calls.
+                cast(InferenceService, front),
+                settings=settings,
+                kafka=config.kafka,
+                topics=config.topics,
+                registry=config.registry,
+                consumer_extra=consumer_extra,
+                tracing=tracing,
+                failures=failure
+                if lane == "realtime"
+                else default_router(config.topics, worker_id, config.failure),
+                crash_guard=guard,
+                relay=retry_relay(config) if lane == "realtime" else None,
+                requests_topic=topic,
+                lane=gate.realtime if lane == "realtime" else gate.batch,
+            )
+            holder.append(worker)
+            await worker.start()
+            stack.push_async_callback(worker.stop)
+            lanes[lane] = worker
+            log.info("worker %s consuming %s in group %s", worker_id, topic, settings.group_id)
+        watchers = [asyncio.create_task(_fail_together(w, lanes)) for w in lanes.values()]
+        stack.push_async_callback(cancel_and_wait, watchers)
         log.info(
-            "worker %s consuming %s in group %s (loaded: %s)",
+            "worker %s loaded: %s",
             worker_id,
-            config.topics.requests,
-            config.worker.group_id,
             ", ".join(f"{n}:{v}" for n, v in versions.cache.loaded()) or "none",
         )
-        yield RunningWorker(feed, versions, shadow, service, worker)
+        realtime = lanes["realtime"]
+        yield RunningWorker(feed, versions, shadow, service, realtime, breakers, lanes, gate)
 
 
-def crash_guard(config: WorkerConfig) -> CrashGuard | None:
-    """The crash guard of `config.failure` (None when it is off), on its own Redis client: short
-    timeouts, since a poll waits for its write."""
+def lane_settings(settings: WorkerSettings, lane: Lane) -> WorkerSettings:
+    """A lane's worker settings: the batch lane's group (and transactional id) have a suffix."""
+    if lane == "realtime":
+        return settings
+    update: dict[str, Any] = {"group_id": f"{settings.group_id}-{lane}"}
+    if settings.transactional_id:
+        update["transactional_id"] = f"{settings.transactional_id}-{lane}"
+    return settings.model_copy(update=update)
+
+
+async def _fail_together(worker: InferenceWorker, lanes: Mapping[Lane, InferenceWorker]) -> None:
+    # The process's supervisor watches one lane (`RunningWorker.worker`): a failing lane stops
+    # them all, so none is left serving half the work.
+    try:
+        await worker.wait()
+    except Exception as exc:
+        for other in lanes.values():
+            if other is not worker:
+                other.fail(exc)
+
+
+async def breaker_board(config: WorkerConfig, stack: AsyncExitStack) -> BreakerBoard | None:
+    """The worker's breakers (None when they are off), publishing to `topics.breakers`; on
+    stop, after the worker, its published states are tombstoned and the producer flushed."""
+    if not config.breaker.enabled and not config.breaker.models:
+        return None
+    publisher = BreakerPublisher(
+        config.kafka, config.topics, SchemaRegistryClient(config.registry.client_config())
+    )
+    stack.push_async_callback(asyncio.to_thread, publisher.close)
+    await asyncio.to_thread(publisher.prepare)
+    board = BreakerBoard(config.breaker, worker_id=config.worker.worker_id, publish=publisher)
+    stack.callback(board.close)
+    return board
+
+
+def crash_guard(
+    config: WorkerConfig, *, topic: str | None = None, group_id: str | None = None
+) -> CrashGuard | None:
+    """The crash guard of `config.failure` (None when it is off) for one lane's topic and group
+    (default: the real-time lane's), on its own Redis client: short timeouts, since a poll waits
+    for its write."""
     if not config.failure.crash_guard:
         return None
     secret = config.redis.password
@@ -197,8 +286,8 @@ def crash_guard(config: WorkerConfig) -> CrashGuard | None:
     )
     return CrashGuard(
         redis,
-        group_id=config.worker.group_id,
-        topic=config.topics.requests,
+        group_id=group_id or config.worker.group_id,
+        topic=topic or config.topics.requests,
         crash_limit=config.failure.crash_limit,
     )
 

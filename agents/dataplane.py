@@ -14,6 +14,12 @@ served and a shadow version samples are handed to the `ShadowRunner` once every 
 When a model call fails, the sub-batch is bisected until the failing requests are alone, so one bad
 input never fails its batch-mates. Errors that are not about an input (the model is unavailable,
 or it returned the wrong number of rows) fail the sub-batch at once, every member explicitly.
+
+With a `BreakerBoard`, each (model, version) sub-batch first asks its version's circuit breaker
+how many of its requests may run (docs/breakers.md); the refused ones go to the model's declared
+fallback when it is loaded here and the caller allows it (rule `fallback:breaker-open@<model>/
+<version>`), else they are answered UNAVAILABLE at once, with the breaker's reopening time in
+the error's details. Each model call's outcome is recorded per request.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import numpy.typing as npt
 from opentelemetry.trace import Tracer
 
 from tidegate.agents import worker_metrics as metrics
+from tidegate.agents.breaker_board import BreakerBoard
+from tidegate.agents.breaker_guard import fallback_for, refused_error
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.loaded import LoadedModel
 from tidegate.agents.result_builders import Timings, error_result, ok_result
@@ -45,15 +53,28 @@ from tidegate.core.errors import (
     TidegateError,
 )
 from tidegate.lifecycle.domain.routing import Decision
+from tidegate.schemas.requests import diverted_from
 from tidegate.schemas.signature import validate_inputs
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
-__all__ = ["SHADOWED_RULES", "InferenceService", "RowCountError", "SignatureChecks", "Versions"]
+__all__ = [
+    "NOT_BEFORE",
+    "SHADOWED_RULES",
+    "InferenceService",
+    "RowCountError",
+    "SignatureChecks",
+    "Versions",
+]
 
 Result = dict[str, Any]
 # Only requests the traffic split served are shadowed: pinned and explicit ones are someone's
 # deliberate choice, not a sample of live traffic.
 SHADOWED_RULES = ("split@", "warming-fallback@")
+NOT_BEFORE = "retry_not_before_ms"
+"""The error detail of a request refused by an open breaker: when the breaker lets probes
+through again (epoch ms), so a retry is not spent before then."""
+# (successes, model failures, failures isolated alone by bisection, client errors) of a call.
+_Outcome = tuple[int, int, int, int]
 
 
 class Versions(Protocol):
@@ -90,6 +111,7 @@ class InferenceService:
         shadow: ShadowRunner | None = None,
         tracer: Tracer | None = None,
         timeout_s: Callable[[str], float] | None = None,
+        breakers: BreakerBoard | None = None,
     ) -> None:
         self.tables = tables
         self.models = models
@@ -99,7 +121,11 @@ class InferenceService:
         self.tracer = tracer
         # A model's batch timeout (the failure policy's); None: no timeout.
         self.timeout_s = timeout_s
+        self.breakers = breakers
         self._checks = SignatureChecks()
+        # Recent model-call time per model (a moving average, ms): a request whose deadline
+        # passes before a call would finish is answered now rather than computed for nobody.
+        self._compute_ms: dict[str, float] = {}
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
@@ -115,10 +141,10 @@ class InferenceService:
                 if task.rejection is not None:
                     raise task.rejection
                 deadline = task.deadline_ms
-                if deadline is not None and deadline <= now_ms:
-                    raise DeadlineExceededError(
-                        f"the deadline passed {now_ms - deadline:.0f} ms before compute"
-                    )
+                if deadline is not None and deadline <= now_ms + self._compute_ms.get(
+                    task.model, 0.0
+                ):
+                    raise DeadlineExceededError(_too_late(now_ms, deadline))
                 decision, shadows = self._route(task)
                 # A batch holds one model, mostly one version: look each up once.
                 name = (task.model, decision.version)
@@ -132,13 +158,15 @@ class InferenceService:
                 results[index] = self._failed(task, exc, version, Timings(batch_ms=waited), rule)
                 continue
             groups.setdefault(_group_key(model, member), (model, []))[1].append(member)
+        if self.breakers is not None:
+            groups = await self._guard(self.breakers, groups, results)
         jobs: list[ShadowJob] = []
         if len(groups) == 1:
             (model, members), *_ = groups.values()
-            await self._attempt(model, members, results, jobs)
-        else:
+            await self._call(model, members, results, jobs)
+        elif groups:
             await asyncio.gather(
-                *(self._attempt(m, members, results, jobs) for m, members in groups.values())
+                *(self._call(m, members, results, jobs) for m, members in groups.values())
             )
         if jobs and self.shadow is not None:
             self.shadow.submit(jobs)
@@ -158,10 +186,70 @@ class InferenceService:
             requested=request.get("model_version"),
             ready=lambda version: self.models.ready(task.model, version),
         )
+        diverted = diverted_from(request.get("parameters"))
+        if diverted is not None:
+            # A gateway sent it here instead of its own model: the result says so.
+            decision = Decision(decision.version, f"fallback:{diverted}")
         shadows: tuple[str, ...] = ()
         if table.shadows and decision.rule.startswith(SHADOWED_RULES):
             shadows = tuple(table.shadow_targets(task.request_id, decision.version))
         return decision, shadows
+
+    async def _guard(
+        self,
+        board: BreakerBoard,
+        groups: dict[Hashable, tuple[LoadedModel, list[_Member]]],
+        results: list[Result | None],
+    ) -> dict[Hashable, tuple[LoadedModel, list[_Member]]]:
+        """The groups each version's breaker lets run; the refused members go to the fallback's
+        groups, or are answered. Per request only for refused members, which run nothing."""
+        out: dict[Hashable, tuple[LoadedModel, list[_Member]]] = {}
+        refused: list[tuple[LoadedModel, _Member]] = []
+        for key, (model, members) in groups.items():
+            allowed = board.admit(model.name, model.version, len(members))
+            if allowed:
+                out[key] = (model, members[:allowed])
+            refused.extend((model, m) for m in members[allowed:])
+        for model, member in refused:
+            found = await fallback_for(
+                board, self.tables, self.models, model, member.task, member.rule
+            )
+            moved = None
+            if found is not None:
+                target, rule = found
+                try:
+                    moved = _member(
+                        member.index, member.task, target, member.waited_ms, rule, self._checks
+                    )
+                except TidegateError:
+                    moved = None  # the fallback cannot take this request: the breaker answers
+            if moved is None:
+                result = self._failed_member(model, member, refused_error(model), 0)
+                reopens = board.reopens_at_ms(model.name, model.version)
+                result["error"]["details"] = {NOT_BEFORE: str(reopens), "breaker": "open"}
+                results[member.index] = result
+                continue
+            metrics.FALLBACKS.labels(model.name, target.name, "breaker-open").inc()
+            out.setdefault(_group_key(target, moved), (target, []))[1].append(moved)
+        return out
+
+    async def _call(
+        self,
+        model: LoadedModel,
+        members: list[_Member],
+        results: list[Result | None],
+        jobs: list[ShadowJob],
+    ) -> None:
+        """Run one group and tell its version's breaker how the calls went."""
+        ok, failed, isolated, client = await self._attempt(model, members, results, jobs)
+        if self.breakers is None:
+            return
+        # A request that failed alone while its batch-mates succeeded failed on its input, not
+        # on the model; when nothing succeeded, the model is what fails.
+        if ok:
+            self.breakers.record(model.name, model.version, ok, failed, isolated + client)
+        else:
+            self.breakers.record(model.name, model.version, 0, failed + isolated, client)
 
     async def _attempt(
         self,
@@ -169,7 +257,7 @@ class InferenceService:
         members: list[_Member],
         results: list[Result | None],
         jobs: list[ShadowJob],
-    ) -> None:
+    ) -> _Outcome:
         for member in members:
             member.task.attempts += 1
         try:
@@ -177,15 +265,26 @@ class InferenceService:
         except (RowCountError, RetriableError) as exc:
             for member in members:
                 results[member.index] = self._failed_member(model, member, exc, len(members))
-            return
+            if isinstance(exc, ModelTimeoutError) and len(members) > 1:
+                # One hanging input times out its whole batch: one call failed for sure, the
+                # rest are unknown until they run alone (`_timed_out_before`).
+                return 0, 1, 0, len(members) - 1
+            return 0, len(members), 0, 0
         except Exception as exc:
             if len(members) == 1:
                 results[members[0].index] = self._failed_member(model, members[0], exc, 1)
-                return
+                if isinstance(exc, InvalidInputError | DeadlineExceededError):
+                    return 0, 0, 0, 1
+                return 0, 0, 1, 0
             half = len(members) // 2
-            await self._attempt(model, members[:half], results, jobs)
-            await self._attempt(model, members[half:], results, jobs)
-            return
+            first = await self._attempt(model, members[:half], results, jobs)
+            second = await self._attempt(model, members[half:], results, jobs)
+            return (
+                first[0] + second[0],
+                first[1] + second[1],
+                first[2] + second[2],
+                first[3] + second[3],
+            )
         if any(member.shadows for member in members):
             jobs.extend(_shadow_jobs(model, members, outputs, compute_ms))
         start = 0
@@ -202,7 +301,10 @@ class InferenceService:
                 worker_id=self.worker_id,
                 rule=member.rule,
             )
+            if model.name != member.task.model:
+                result["model"] = model.name  # a fallback answered: say which model did
             results[member.index] = result
+        return len(members), 0, 0, 0
 
     async def _infer(
         self, model: LoadedModel, members: list[_Member]
@@ -220,6 +322,9 @@ class InferenceService:
             with compute_span(self.tracer, model.name, model.version, rows, len(members)):
                 outputs = await self._run(model, inputs)
         seconds = time.perf_counter() - started
+        recent = self._compute_ms.get(model.name)
+        ms = seconds * 1000.0
+        self._compute_ms[model.name] = ms if recent is None else 0.8 * recent + 0.2 * ms
         metrics.compute(model.name, model.version).observe(seconds)
         metrics.sub_batch_size(model.name, model.version).observe(len(members))
         for name, array in outputs.items():
@@ -254,7 +359,10 @@ class InferenceService:
         if not isinstance(exc, TidegateError):
             exc = ModelExecutionError(f"{type(exc).__name__}: {exc}")
         timings = Timings(member.waited_ms, 0.0, size)
-        return self._failed(member.task, exc, model.version, timings, member.rule)
+        result = self._failed(member.task, exc, model.version, timings, member.rule)
+        if model.name != member.task.model:
+            result["model"] = model.name
+        return result
 
     def _failed(
         self,
@@ -383,3 +491,12 @@ def _timed_out_before(task: InferenceTask) -> bool:
         if step.get("reason") == ModelTimeoutError.code:
             return True
     return False
+
+
+def _too_late(now_ms: float, deadline_ms: float) -> str:
+    if deadline_ms <= now_ms:
+        return f"the deadline passed {now_ms - deadline_ms:.0f} ms before compute"
+    return (
+        f"the deadline is {deadline_ms - now_ms:.0f} ms away, less than the model's recent "
+        "call time: it would pass before the answer"
+    )

@@ -134,7 +134,8 @@ class FailureRouter:
         history = task.lineage.history if task.lineage is not None else []
         verdict = self.policy.decide(task.model, error, retries_since_redrive(history))
         if verdict.action == "retry":
-            due = self.retry(sink, tracker, msg, offset, task, error, verdict)
+            waited = _after_breaker(error, verdict)
+            due = self.retry(sink, tracker, msg, offset, task, error, verdict, waited)
             return verdict.level, due
         if verdict.action == "dead-letter":
             self._letter(sink, tracker, self._topics.failed, msg, offset, error, task)
@@ -239,3 +240,11 @@ def default_router(
     return FailureRouter(
         policy, topics, worker_id=worker_id, hold_keys=settings.ordering == "hold-key"
     )
+
+
+def _after_breaker(error: Mapping[str, Any], verdict: Verdict) -> int | None:
+    """A request an open breaker refused waits the open period out: its retry delay counts from
+    when probes go again, so a breaker open for minutes does not burn the retry budget in
+    seconds. None: an ordinary failure, whose delay counts from now."""
+    reopens = int((error.get("details") or {}).get("retry_not_before_ms") or 0)
+    return int(reopens + verdict.delay_s * 1000) if reopens > time.time() * 1000 else None

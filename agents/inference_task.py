@@ -35,6 +35,8 @@ class InferenceTask:
     `span` is the request's span while the worker holds it, when tracing is on. `lineage` is
     the delivery history a retried, redriven or replayed request carries (None: first delivery);
     `schema_id` and `digest` identify what the request was written as, for the lineage index.
+    `features_at` is when the online features filled into its inputs were written (epoch ms;
+    None: none were).
     """
 
     request: dict[str, Any]
@@ -48,6 +50,7 @@ class InferenceTask:
     lineage: Lineage | None = None
     schema_id: int | None = None
     digest: str | None = None
+    features_at: float | None = None
 
     @property
     def request_id(self) -> str:

@@ -80,6 +80,8 @@ def _base(
         "attempt": lineage.attempt if lineage is not None else 1,
         "origin": lineage.origin if lineage is not None else None,
         "history": lineage.history if lineage is not None else [],
+        "cached": False,
+        "features_at": int(task.features_at) if task.features_at is not None else None,
     }
 
 
@@ -91,11 +93,14 @@ def ok_result(
     timings: Timings,
     worker_id: str,
     rule: str | None = None,
+    cached: bool = False,
 ) -> dict[str, Any]:
+    """A result with outputs; `cached` when they came from the prediction cache."""
     result = _base(
         task, status="OK", version=version, timings=timings, worker_id=worker_id, rule=rule
     )
     result["outputs"] = list(outputs)
+    result["cached"] = cached
     return result
 
 

@@ -14,7 +14,8 @@ consumed positions; the consumer itself never commits.
 On revoke, the revoked partitions finish their in-flight work (bounded by `drain_timeout_s`), the
 delivered prefix is committed synchronously before the partitions are given up, and what is left
 is abandoned for the next owner. When `max_in_flight` requests are unfinished, consumption pauses.
-`stop()` stops consuming, drains every partition, commits and closes.
+`stop()` stops consuming, drains every partition, commits and closes. A worker reads one topic:
+a process runs one per lane, computing in the order `lane` gives (docs/lanes.md).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -37,6 +39,7 @@ from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Publisher
 from tidegate.agents.failures import FailureRouter, default_router
+from tidegate.agents.membership import check_membership, consumer_options, prepare_group
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.solo_lane import SoloLane
@@ -52,16 +55,10 @@ from tidegate.dlq.retry_relay import RetryRelay
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroDecoder
 
-__all__ = ["CONSUMER_DEFAULTS", "InferenceWorker"]
+__all__ = ["InferenceWorker"]
 
 log = get_logger(__name__)
 
-# Cooperative rebalancing moves only the partitions that change owner; a short session (from
-# WorkerSettings) lets the group notice a killed worker within seconds rather than the default 45.
-CONSUMER_DEFAULTS: dict[str, Any] = {
-    "partition.assignment.strategy": "cooperative-sticky",
-    "heartbeat.interval.ms": 1_000,
-}
 _FETCH_MAX = 500
 # Committing on every poll cycle sent hundreds of commit requests a second per worker; a commit
 # every 100 ms bounds redelivery after a crash to that much work (at-least-once either way).
@@ -86,6 +83,8 @@ class InferenceWorker:
         failures: FailureRouter | None = None,
         crash_guard: CrashGuard | None = None,
         relay: RetryRelay | None = None,
+        requests_topic: str | None = None,
+        lane: Callable[[], AbstractAsyncContextManager[None]] = nullcontext,
     ) -> None:
         self.service = service
         self.failures = failures or default_router(topics, settings.worker_id)
@@ -94,15 +93,13 @@ class InferenceWorker:
         self._tracing = tracing
         self.settings = settings
         self.topics = topics
+        self.requests_topic = requests_topic or topics.requests
+        self._lane = lane
         self._kafka = kafka
         self._registry = registry
         self._drain_timeout = drain_timeout_s or settings.drain_timeout_s
         self._poll_timeout = poll_timeout_s
-        self._consumer_extra = {
-            **CONSUMER_DEFAULTS,
-            "session.timeout.ms": settings.session_timeout_ms,
-            **(consumer_extra or {}),
-        }
+        self._consumer_extra = {**consumer_options(settings), **(consumer_extra or {})}
         self._exactly_once = settings.delivery == "exactly-once"
         self._pipelines: dict[int, PartitionPipeline] = {}
         self._commit_at = 0.0
@@ -148,6 +145,7 @@ class InferenceWorker:
         self._poller = threading.Thread(target=self._serve_acks, name="kafka-delivery", daemon=True)
         self._polling.set()
         self._poller.start()
+        await asyncio.to_thread(prepare_group, self._kafka, self.settings)
         extra = {"client.id": client_id, **self._consumer_extra}
         self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
         self._cycler = ConsumerCycle(
@@ -157,7 +155,7 @@ class InferenceWorker:
             fetch_window_s=self.settings.fetch_window_ms / 1000.0,
         )
         self._consumer.subscribe(
-            [self.topics.requests],
+            [self.requests_topic],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -195,7 +193,7 @@ class InferenceWorker:
             return TransactionalSink(
                 self._publisher,
                 worker_id=self.settings.worker_id,
-                on_fatal=self._fail,
+                on_fatal=self.fail,
                 positions=self._positions,
                 group_metadata=lambda: self._cycler.group_metadata,
                 on_committed=self._transaction_committed,
@@ -206,7 +204,7 @@ class InferenceWorker:
         return AckedSink(
             self._publisher,
             worker_id=self.settings.worker_id,
-            on_fatal=self._fail,
+            on_fatal=self.fail,
             traced=self._tracing.enabled,
         )
 
@@ -272,11 +270,12 @@ class InferenceWorker:
             return
         exc = task.exception()
         if exc is not None:
-            self._fail(exc)
+            self.fail(exc)
         elif not self._stopping.is_set():
-            self._fail(RuntimeError(f"the worker's {task.get_name()} loop ended"))
+            self.fail(RuntimeError(f"the worker's {task.get_name()} loop ended"))
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Stop the worker: `wait()` raises `exc` (a lane fails its process's other lanes)."""
         log.error("worker failing: %s", exc)
         self._stopping.set()
         if not self._failed.done():
@@ -300,7 +299,7 @@ class InferenceWorker:
                 self._commit_at = now
                 commits = self._commits()
             seeks, self._seeks = self._seeks, {}
-            rewind = [TopicPartition(self.topics.requests, p, o) for p, o in seeks.items()]
+            rewind = [TopicPartition(self.requests_topic, p, o) for p, o in seeks.items()]
             epoch = self._epoch
             batch = await self._thread.call(self._cycler.run, commits, pause, rewind, room)
             if self._guard is not None and batch:
@@ -352,6 +351,7 @@ class InferenceWorker:
             err = msg.error()
             partition = msg.partition()
             if err is not None:
+                check_membership(err, self.settings)
                 log.warning("consumer error: %s", err)
                 continue
             if partition is None or partition in rewind:
@@ -380,10 +380,11 @@ class InferenceWorker:
 
     async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
         solo = self._solo
-        if solo is None:
-            return await self._compute_now(slots, waits)
-        async with solo.gate.shared():  # a suspect running alone holds batches back
-            return await self._compute_now(slots, waits)
+        async with self._lane():
+            if solo is None:
+                return await self._compute_now(slots, waits)
+            async with solo.gate.shared():  # a suspect running alone holds batches back
+                return await self._compute_now(slots, waits)
 
     async def _compute_now(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
         tasks = [slot.task for slot in slots]
@@ -399,7 +400,7 @@ class InferenceWorker:
 
     def _positions(self) -> list[TopicPartition]:
         return [
-            TopicPartition(self.topics.requests, p, pipeline.tracker.position)
+            TopicPartition(self.requests_topic, p, pipeline.tracker.position)
             for p, pipeline in self._pipelines.items()
             if pipeline.tracker.position is not None
         ]
@@ -411,7 +412,7 @@ class InferenceWorker:
             position = pipeline.tracker.committable()
             if position is not None and self._committed.get(partition) != position:
                 self._committed[partition] = position
-                commits.append(TopicPartition(self.topics.requests, partition, position))
+                commits.append(TopicPartition(self.requests_topic, partition, position))
         return commits
 
     def _serve_acks(self) -> None:
@@ -421,7 +422,7 @@ class InferenceWorker:
 
     def _new_pipeline(self, partition: int) -> PartitionPipeline:
         return PartitionPipeline(
-            self.topics.requests,
+            self.requests_topic,
             partition,
             decoder=self._decoder,
             sink=self._sink,
@@ -449,12 +450,12 @@ class InferenceWorker:
         for pipeline in pipelines:
             position = pipeline.tracker.position if drain else None
             if position is not None and not self._exactly_once:
-                commits.append(TopicPartition(self.topics.requests, pipeline.partition, position))
+                commits.append(TopicPartition(self.requests_topic, pipeline.partition, position))
             pipeline.close()
             del self._pipelines[pipeline.partition]
             self._committed.pop(pipeline.partition, None)
             with contextlib.suppress(KeyError):
-                metrics.CONSUMER_LAG.remove(self.topics.requests, str(pipeline.partition))
+                metrics.CONSUMER_LAG.remove(self.requests_topic, str(pipeline.partition))
         if self._guard is not None and self._solo is not None:
             self._solo.forget(partitions)
             # Lost partitions may already have a new owner writing marks under the same key.

@@ -13,10 +13,14 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "BATCH_SIZE",
     "BATCH_WAIT",
+    "BREAKER_REFUSED",
+    "BREAKER_STATE",
+    "BREAKER_TRANSITIONS",
     "COMPUTE",
     "CONSUMER_LAG",
     "DEAD_LETTERS",
     "END_TO_END",
+    "FALLBACKS",
     "IN_FLIGHT",
     "LOADED_VERSIONS",
     "MODEL_TIMEOUTS",
@@ -163,3 +167,26 @@ def compute(model: str, version: str) -> Histogram:
 @functools.lru_cache(maxsize=256)
 def sub_batch_size(model: str, version: str) -> Histogram:
     return SUB_BATCH_SIZE.labels(model, version)
+
+
+BREAKER_STATE = Gauge(
+    "tidegate_worker_breaker_state",
+    "The circuit breaker of each model version on this worker: 0 closed, 1 half-open, 2 open.",
+    ["model", "version"],
+)
+BREAKER_TRANSITIONS = Counter(
+    "tidegate_worker_breaker_transitions",
+    "Circuit-breaker state changes, by model, version and the state entered.",
+    ["model", "version", "state"],
+)
+BREAKER_REFUSED = Counter(
+    "tidegate_worker_breaker_refused",
+    "Requests not sent to a version because its breaker was open (or its half-open probes "
+    "were taken): they went to the fallback or were answered UNAVAILABLE.",
+    ["model", "version"],
+)
+FALLBACKS = Counter(
+    "tidegate_worker_fallbacks",
+    "Requests served by the model's declared fallback instead, by model, fallback and reason.",
+    ["model", "fallback", "reason"],
+)

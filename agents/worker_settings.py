@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
+from tidegate.core.kafka import GroupProtocol
 from tidegate.core.settings import instance_id, settings_config
 
 __all__ = ["WorkerSettings"]
@@ -82,10 +83,27 @@ class WorkerSettings(BaseSettings):
     max_in_flight: int = Field(
         2048, ge=1, description="Most consumed-but-unfinished requests before consuming pauses."
     )
+    group_protocol: GroupProtocol = Field(
+        "classic",
+        description="The consumer group protocol: `classic` (cooperative-sticky; each worker "
+        "sends the session timeout and heartbeat interval) or `consumer` (KIP-848: the brokers "
+        "assign, and the group's own config holds both, which each worker sets through the "
+        "admin API at start). Decision 015 and docs/takeover.md compare them.",
+    )
     session_timeout_ms: int = Field(
-        10_000,
+        2_000,
         ge=1000,
-        description="How soon the group notices a dead worker and moves its partitions.",
+        description="How long the group waits for a silent worker before moving its partitions "
+        "(a dead worker's partitions move about this long after it died). The brokers' floor "
+        "must allow it: `group.min.session.timeout.ms` (classic) or "
+        "`group.consumer.min.session.timeout.ms` (consumer).",
+    )
+    heartbeat_interval_ms: int = Field(
+        500,
+        ge=100,
+        description="How often a worker tells the group it is alive; below the session timeout "
+        "(a quarter of it leaves room for lost heartbeats). Sent from librdkafka's own thread, "
+        "so a busy event loop does not delay it.",
     )
     drain_timeout_s: float = Field(
         30.0,
@@ -98,8 +116,31 @@ class WorkerSettings(BaseSettings):
         le=1024,
         description="Most model versions kept loaded; the least recently used unwanted one goes.",
     )
+    batch_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="The least share of its time a worker computes the batch lane while the "
+        "real-time lane is busy (docs/lanes.md); the batch lane has it all while real-time is "
+        "idle. Its consumer group is `<group_id>-batch`.",
+    )
+    realtime_idle_ms: float = Field(
+        10.0,
+        ge=0,
+        le=60_000,
+        description="How long after its last batch the real-time lane counts as idle, and the "
+        "batch lane may use the whole worker (docs/lanes.md): longer protects real-time latency "
+        "from batch-lane batches started in the gaps of its traffic, shorter gives the batch "
+        "lane more of the time real-time leaves free.",
+    )
     shadow_max_in_flight: int = Field(
         4,
         ge=0,
         description="Shadow sub-batches running at once; more are skipped and counted (0: none).",
     )
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> WorkerSettings:
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+        return self

@@ -9,6 +9,7 @@ from tidegate.cli import audit_commands as audit
 from tidegate.cli import auth_commands as auth
 from tidegate.cli import backtest_commands, demo, produce, replay_commands, served
 from tidegate.cli import dlq_commands as dlq
+from tidegate.cli import features_commands as features
 from tidegate.cli import lifecycle_session as session
 from tidegate.cli import model_commands as models
 from tidegate.cli import schema_commands as schemas
@@ -55,6 +56,9 @@ app.add_typer(
 )
 app.add_typer(dlq.app, name="dlq", help="Inspect and redrive the dead-letter topics.")
 app.add_typer(auth.app, name="auth", help="Issue, list and revoke the gateway's API keys.")
+app.add_typer(
+    features.app, name="features", help="Write and read online features (docs/features.md)."
+)
 
 
 def main() -> None:

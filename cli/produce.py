@@ -3,6 +3,8 @@
 The line format is in `tidegate.clients.jsonl`. A bad line is reported with its number and skipped;
 the rest are published. With `--wait` every result is awaited and summarised by status. The exit
 status is 1 when any line was bad, not delivered, or (with `--wait`) got no result in time.
+`--lane batch` publishes to the batch lane's topic (docs/lanes.md): a bulk job's lines then queue
+there instead of ahead of real-time requests.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tidegate.clients.jsonl import parse_line
-from tidegate.clients.producer import TidegateProducer
+from tidegate.clients.producer import Lane, TidegateProducer
 from tidegate.core.errors import TidegateError
 
 if TYPE_CHECKING:
@@ -88,6 +90,10 @@ def produce(
         float, typer.Option(min=0.1, help="Seconds to wait for delivery, and for results.")
     ] = 60.0,
     tenant: Annotated[str, typer.Option(help="Tenant of the lines that name none.")] = "default",
+    lane: Annotated[
+        Lane,
+        typer.Option(help="`batch` queues the lines behind real-time traffic (docs/lanes.md)."),
+    ] = "realtime",
 ) -> None:
     """Publish the requests of FILE to the requests topic, with a progress bar and a summary."""
     from collections import Counter
@@ -96,7 +102,7 @@ def produce(
     from rich.table import Table
 
     console, err = Console(), Console(stderr=True)
-    producer = TidegateProducer(await_results=wait)
+    producer = TidegateProducer(await_results=wait, lane=lane)
     try:
         producer.start(timeout)
     except TidegateError as exc:

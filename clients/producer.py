@@ -1,15 +1,22 @@
 """The Python producer client: publish `InferenceRequest`s, optionally wait for their results.
 
-Requests are Avro in the Confluent wire format under `inference-requests-value`, looked up in the
+Requests are Avro in the Confluent wire format under `<requests topic>-value`, looked up in the
 registry (never registered from here: `tidegate schemas register` owns that), and keyed by routing
 key or request id. Publishing is asynchronous like any Kafka producer: `publish` enqueues and
-returns the request id, delivery is reported through `on_delivery` or collected for `flush`.
+returns the request id, delivery is reported through `on_delivery` or collected for `flush`. A
+record larger than the producer's `message.max.bytes` is refused before it is enqueued
+(`RecordTooLargeError`, naming its size and the limit); a broker refusing one as too large is
+reported as that error too.
 
 Results are awaited through the client's own consumer of `inference-results`, assigned to every
 partition at its end offset when the client starts. No group membership is involved, so any
 number of clients can wait side by side; each reads the whole topic and keeps only what it awaits,
 which suits scripts and batch jobs. Interactive traffic at volume should go through the gateway,
 whose replicas each read one partition of the replies topic.
+
+The lane (`lane=`, docs/lanes.md) picks the topic: `realtime` publishes to `topics.requests`,
+`batch` to `topics.requests_batch`, which workers serve when real-time traffic leaves them room.
+A client has a default lane, and each publish may name another.
 
 With a `Tracing` that is on, each publish is a `send <topic>` span, a child of the span current
 where `publish` is called, and the request carries its W3C trace context in its headers, so
@@ -23,15 +30,23 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from tidegate.core.errors import (
     ConfigurationError,
+    InvalidInputError,
     OverloadedError,
     ResultTimeoutError,
     RetriableError,
@@ -45,20 +60,48 @@ from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.requests import Inputs, build_request, request_key
 
 __all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "LANES",
     "DeliveryCallback",
+    "Lane",
     "PublishError",
+    "RecordTooLargeError",
     "TidegateProducer",
     "build_request",
+    "lane_topic",
     "request_key",
 ]
 
+Lane = Literal["realtime", "batch"]
+LANES: tuple[Lane, ...] = ("realtime", "batch")
+
 DeliveryCallback = Callable[[str, Exception | None], None]
+
+DEFAULT_MAX_RECORD_BYTES = 1_000_000
+"""librdkafka's default `message.max.bytes`, the largest record a producer takes."""
+
+
+def lane_topic(topics: TopicSettings, lane: Lane) -> str:
+    """The requests topic of a lane."""
+    return topics.requests_batch if lane == "batch" else topics.requests
 
 
 class PublishError(RetriableError):
     """Kafka did not take the request (brokers down, topic missing, delivery timed out)."""
 
     code = "PUBLISH_FAILED"
+
+
+class RecordTooLargeError(InvalidInputError):
+    """The request's record is larger than Kafka takes: retrying the same request cannot help."""
+
+    code = "RECORD_TOO_LARGE"
+
+    def __init__(self, size: int | None, limit: int) -> None:
+        what = f"the request's record of {size} bytes" if size else "the request's record"
+        super().__init__(f"{what} exceeds the Kafka message limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
 
 
 class TidegateProducer:
@@ -73,18 +116,23 @@ class TidegateProducer:
         await_results: bool = False,
         producer_extra: Mapping[str, Any] | None = None,
         tracing: Tracing = TRACING_OFF,
+        lane: Lane = "realtime",
     ) -> None:
         self._kafka = kafka or KafkaSettings()
+        self.lane = lane
         self._tracing = tracing
         self._topics = topics or TopicSettings()
         self._registry = registry or SchemaRegistrySettings()
         self._await_results = await_results
         self._producer_extra = dict(producer_extra or {})
+        self.max_record_bytes = int(
+            self._producer_extra.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES)
+        )
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self._encoder: AvroEncoder | None = None
         self._decoder: AvroDecoder | None = None
-        self._schema_id = 0
+        self._schema_id = 0  # under the default lane's subject
         self._awaited: set[str] = set()
         self._results: dict[str, dict[str, Any]] = {}
         self.delivery_errors: dict[str, Exception] = {}
@@ -93,7 +141,8 @@ class TidegateProducer:
         """Connect, look the schema id up and, when awaiting results, pin the result offsets."""
         client = SchemaRegistryClient(self._registry.client_config())
         self._encoder = AvroEncoder(client, load_schema(INFERENCE_REQUEST))
-        self._schema_id = self._encoder.schema_id(f"{self._topics.requests}-value")
+        # The default lane's subject must be there; another lane's is looked up on first use.
+        self._schema_id = self._encoder.schema_id(f"{lane_topic(self._topics, self.lane)}-value")
         self._producer = make_producer(self._kafka, self._producer_extra)
         if self._await_results:
             self._decoder = AvroDecoder(client, load_schema(INFERENCE_RESULT))
@@ -143,6 +192,12 @@ class TidegateProducer:
             raise ConfigurationError("the producer is not started")
         return self._producer, self._encoder
 
+    def schema_id(self, lane: Lane | None = None) -> int:
+        """The registry id of the request schema under `lane`'s subject (the encoder caches it:
+        a registry call only on a lane's first publish)."""
+        _, encoder = self._running()
+        return encoder.schema_id(f"{lane_topic(self._topics, lane or self.lane)}-value")
+
     def publish(
         self,
         model: str,
@@ -156,8 +211,10 @@ class TidegateProducer:
         outputs: Sequence[str] = (),
         parameters: Mapping[str, Any] | None = None,
         on_delivery: DeliveryCallback | None = None,
+        lane: Lane | None = None,
     ) -> str:
-        """Enqueue one request and return its id. `deadline` is an instant or a time from now."""
+        """Enqueue one request and return its id. `deadline` is an instant or a time from now;
+        `lane` (default: the client's) picks the requests topic."""
         record = build_request(
             model,
             inputs,
@@ -169,7 +226,7 @@ class TidegateProducer:
             outputs=outputs,
             parameters=parameters,
         )
-        self.publish_record(record, on_delivery)
+        self.publish_record(record, on_delivery, lane=lane)
         return str(record["request_id"])
 
     def publish_record(
@@ -177,15 +234,24 @@ class TidegateProducer:
         record: Mapping[str, Any],
         on_delivery: DeliveryCallback | None = None,
         headers: KafkaHeaders | None = None,
+        lane: Lane | None = None,
     ) -> None:
-        """Enqueue a ready `InferenceRequest` record; a record that does not encode raises."""
+        """Enqueue a ready `InferenceRequest` record on `lane` (default: the client's); a record
+        that does not encode raises."""
         producer, encoder = self._running()
         request_id = str(record["request_id"])
-        value = encoder.encode(record, self._schema_id)
+        lane = lane or self.lane
+        topic = lane_topic(self._topics, lane)
+        schema_id = self._schema_id if lane == self.lane else self.schema_id(lane)
+        value = encoder.encode(record, schema_id)
+        key = request_key(record)
+        # librdkafka would refuse it too, but with neither size nor limit in its message.
+        size = len(value) + len(key) + sum(len(k) + len(v) for k, v in headers or ())
+        if size > self.max_record_bytes:
+            raise RecordTooLargeError(size, self.max_record_bytes)
         if self._await_results:
             self._awaited.add(request_id)
         report = on_delivery or self._remember_failure
-        topic = self._topics.requests
         span: Span | None = None
         tracer = self._tracing.tracer
         if tracer is not None:
@@ -197,16 +263,24 @@ class TidegateProducer:
             headers = [*(headers or ()), *span_headers(span)]
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:
-            error = None if err is None else PublishError(err.str())
+            error = None if err is None else _delivery_error(err, self.max_record_bytes)
             if span is not None:
                 if error is not None:
                     span.set_status(Status(StatusCode.ERROR, str(error)))
                 span.end()
             report(request_id, error)
 
-        kwargs: dict[str, Any] = {"value": value, "key": request_key(record), "headers": headers}
+        kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
         try:
             producer.produce(topic, on_delivery=delivered, **kwargs)
+        except KafkaException as exc:
+            # Over the limit only by the trace headers added above: refused like the rest.
+            if span is not None:
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                span.end()
+            if exc.args and exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                raise RecordTooLargeError(size, self.max_record_bytes) from None
+            raise
         except BufferError:
             # The local queue is full: serve delivery reports once, then give up rather than
             # block the caller indefinitely.
@@ -284,3 +358,10 @@ class TidegateProducer:
             if str(result["request_id"]) in self._awaited:
                 out.append(result)
         return out
+
+
+def _delivery_error(err: KafkaError, limit: int) -> Exception:
+    # A topic whose `max.message.bytes` is below the producer's limit refuses on the broker.
+    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return RecordTooLargeError(None, limit)
+    return PublishError(err.str())

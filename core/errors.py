@@ -210,9 +210,14 @@ class ModelExecutionError(InferenceError, FatalError):
 
 
 class ModelUnavailableError(InferenceError, RetriableError):
-    """The model cannot serve right now (loading, unloading, or its worker is gone)."""
+    """The model cannot serve right now (loading, unloading, its worker is gone, or its circuit
+    breaker is open). `retry_after_s`, when known, is when it may serve again."""
 
     code = "UNAVAILABLE"
+
+    def __init__(self, message: str = "", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ModelTimeoutError(InferenceError, RetriableError):
@@ -228,9 +233,14 @@ class CrashLoopError(InferenceError, FatalError):
 
 
 class OverloadedError(InferenceError, RetriableError):
-    """Load was shed at the edge rather than queued without bound."""
+    """Load was shed at the edge rather than queued without bound. `retry_after_s`, when known,
+    estimates when there is room again (the queueing delay ahead)."""
 
     code = "OVERLOADED"
+
+    def __init__(self, message: str = "", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RateLimitedError(RetriableError):

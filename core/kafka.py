@@ -18,10 +18,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from confluent_kafka import Consumer, Message, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from pydantic import SecretStr
 
 from tidegate.core.settings import KafkaSettings
@@ -29,6 +35,7 @@ from tidegate.core.telemetry import RDKAFKA_LOGGER
 
 __all__ = [
     "SECRET_OPTIONS",
+    "GroupProtocol",
     "admin_config",
     "connection_config",
     "consume_ready",
@@ -37,9 +44,13 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "make_reader",
+    "membership_config",
     "producer_config",
     "redacted",
+    "set_group_timeouts",
 ]
+
+GroupProtocol = Literal["classic", "consumer"]
 
 
 def connection_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -153,6 +164,48 @@ def consumer_config(
     )
     conf.update(extra or {})
     return conf
+
+
+def membership_config(
+    protocol: GroupProtocol, session_timeout_ms: int, heartbeat_interval_ms: int
+) -> dict[str, Any]:
+    """A group member's options for `protocol`, with how soon a silent member loses its
+    partitions: classic groups take the session timeout and heartbeat interval from each member
+    (cooperative-sticky, so a rebalance moves only the partitions that change owner); KIP-848
+    (`consumer`) groups have them as the group's own config on the brokers (`set_group_timeouts`)
+    and assign on the brokers too, so librdkafka refuses these options there."""
+    if protocol == "consumer":
+        return {"group.protocol": "consumer"}
+    return {
+        "group.protocol": "classic",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": session_timeout_ms,
+        "heartbeat.interval.ms": heartbeat_interval_ms,
+    }
+
+
+def set_group_timeouts(
+    admin: AdminClient,
+    group_id: str,
+    session_timeout_ms: int,
+    heartbeat_interval_ms: int,
+    timeout_s: float = 10.0,
+) -> None:
+    """Set a KIP-848 group's session timeout and heartbeat interval (the group config
+    `consumer.session.timeout.ms` and `consumer.heartbeat.interval.ms`); the group need not exist
+    yet. Raises `KafkaException` when the brokers refuse: values below their floors
+    (`group.consumer.min.session.timeout.ms`, `group.consumer.min.heartbeat.interval.ms`) or no
+    ALTER_CONFIGS permission on the group."""
+    entries = [
+        ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+        for name, value in (
+            ("consumer.session.timeout.ms", session_timeout_ms),
+            ("consumer.heartbeat.interval.ms", heartbeat_interval_ms),
+        )
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource], request_timeout=timeout_s).values():
+        future.result(timeout=timeout_s)
 
 
 def admin_config(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -205,7 +205,15 @@ class TopicSettings(BaseSettings):
 
     model_config = settings_config("TIDEGATE_TOPICS_")
 
-    requests: str = Field("inference-requests", description="Topic producers publish requests to.")
+    requests: str = Field(
+        "inference-requests",
+        description="Topic producers publish requests to: the real-time lane (docs/lanes.md).",
+    )
+    requests_batch: str = Field(
+        "inference-requests-batch",
+        description="The batch lane's requests topic: workers serve it when the real-time lane "
+        "leaves them room, and give it at least `TIDEGATE_WORKER_BATCH_SHARE` of their time.",
+    )
     results: str = Field("inference-results", description="Topic workers publish results to.")
     replies: str = Field(
         "inference-replies",
@@ -235,6 +243,10 @@ class TopicSettings(BaseSettings):
     shadow: str = Field(
         "shadow-comparisons",
         description="Per-request comparisons of a shadow version's outputs with the primary's.",
+    )
+    breakers: str = Field(
+        "model-breakers",
+        description="Compacted: each worker's latest circuit-breaker state per model version.",
     )
     partitions: int = Field(
         32, ge=1, le=10_000, description="Partition count of the requests and results topics."

@@ -85,6 +85,9 @@ def topic_specs(
     registry = registry or RegistryServerSettings()
     return [
         TopicSpec(topics.requests, topics.partitions, rf, _deleting(topics.retention_ms)),
+        # The batch lane (docs/lanes.md): the same layout, its own topic so a flood of it queues
+        # there and not ahead of real-time requests.
+        TopicSpec(topics.requests_batch, topics.partitions, rf, _deleting(topics.retention_ms)),
         TopicSpec(topics.results, topics.partitions, rf, _deleting(topics.retention_ms)),
         # Replies to gateway replicas: each replica owns one partition; results there are only
         # a delivery path (the durable copy is in the results topic), so they expire quickly.
@@ -111,6 +114,14 @@ def topic_specs(
         # Shadow comparisons are a side stream of a sampled share of requests, keyed by model: a
         # few partitions like the dead-letter topics, kept as long as requests and results.
         TopicSpec(topics.shadow, topics.dlq_partitions, rf, _deleting(topics.retention_ms)),
+        # Breaker states: the latest per (model, version, worker) is all a reader needs, so the
+        # topic is compacted; tombstones of stopped workers go after a day.
+        TopicSpec(
+            topics.breakers,
+            1,
+            rf,
+            {"cleanup.policy": "compact", "delete.retention.ms": str(24 * 3600 * 1000)},
+        ),
         # Operator actions are rare; one partition keeps them in the order they happened.
         TopicSpec(topics.audit, 1, rf, _deleting(topics.retention_ms)),
         # The registry's store, as Confluent's: one compacted partition (latest record per key).

@@ -24,6 +24,7 @@ from tidegate.core.settings import TopicSettings
 
 __all__ = [
     "AUDIT_EVENT",
+    "BREAKER_STATE",
     "DEAD_LETTER_ENVELOPE",
     "EVENT_SUBJECT_COMPATIBILITY",
     "INFERENCE_REQUEST",
@@ -48,6 +49,7 @@ MODEL_LIFECYCLE_EVENT = f"{LIFECYCLE_NAMESPACE}.ModelLifecycleEvent"
 SHADOW_COMPARISON = f"{LIFECYCLE_NAMESPACE}.ShadowComparison"
 DEAD_LETTER_ENVELOPE = "dev.tidegate.dlq.DeadLetterEnvelope"
 AUDIT_EVENT = "dev.tidegate.audit.AuditEvent"
+BREAKER_STATE = "dev.tidegate.agents.BreakerState"
 
 # Each event type evolves on its own: a new reader must read every event ever appended, since the
 # lifecycle topic is replayed from the beginning.
@@ -75,6 +77,7 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
     """Subject (TopicNameStrategy, `{topic}-value`) to schema full name, for every project topic."""
     return {
         f"{topics.requests}-value": INFERENCE_REQUEST,
+        f"{topics.requests_batch}-value": INFERENCE_REQUEST,
         f"{topics.results}-value": INFERENCE_RESULT,
         f"{topics.replies}-value": INFERENCE_RESULT,
         f"{topics.failed}-value": DEAD_LETTER_ENVELOPE,
@@ -83,6 +86,7 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
         f"{topics.lifecycle}-value": MODEL_LIFECYCLE_EVENT,
         f"{topics.shadow}-value": SHADOW_COMPARISON,
         f"{topics.audit}-value": AUDIT_EVENT,
+        f"{topics.breakers}-value": BREAKER_STATE,
     }
 
 

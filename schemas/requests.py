@@ -14,7 +14,20 @@ import numpy as np
 
 from tidegate.schemas.tensors import from_numpy
 
-__all__ = ["Inputs", "build_request", "request_key"]
+__all__ = [
+    "FALLBACK_OF",
+    "Inputs",
+    "build_request",
+    "diverted_from",
+    "fallback_allowed",
+    "request_key",
+]
+
+FALLBACK_OF = "fallback_of"
+"""The request parameter a gateway sets on a request it sent to the model's declared fallback
+instead (`<reason>@<model>`): the worker records `fallback:<reason>@<model>` as its routing rule,
+and never diverts it again. Callers cannot set it: the gateway drops theirs."""
+_NO = ("false", "0", "no", "off")
 
 Inputs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 """Named arrays, or `Tensor` records as they are."""
@@ -69,3 +82,19 @@ def build_request(
 def request_key(record: Mapping[str, Any]) -> bytes:
     """The Kafka key of a request (and of its result): routing key, else request id."""
     return str(record.get("routing_key") or record["request_id"]).encode()
+
+
+def fallback_allowed(parameters: Mapping[str, Any] | None) -> bool:
+    """The caller's say on a fallback model (`parameters.fallback`, true unless false-like); a
+    request already diverted (`FALLBACK_OF`) is never diverted again."""
+    params = parameters or {}
+    if params.get(FALLBACK_OF) is not None:
+        return False
+    allowed = params.get("fallback")
+    return allowed is None or str(allowed).lower() not in _NO
+
+
+def diverted_from(parameters: Mapping[str, Any] | None) -> str | None:
+    """`<reason>@<model>` of a request a gateway sent to a fallback; None for any other."""
+    value = (parameters or {}).get(FALLBACK_OF)
+    return value if isinstance(value, str) else None

@@ -2,8 +2,10 @@
 
 Input `data` may be flat or nested (row-major either way); BYTES elements are JSON strings. A tensor
 whose `parameters.binary_data_size` is set takes its raw bytes from the binary section of the body
-instead (`tidegate.schemas.v2_binary`). Every check names the field at fault: the signature check of
-`tidegate.schemas.signature` first (names, datatypes, shapes), then the data against its shape.
+instead (`tidegate.schemas.v2_binary`). Requested outputs are kept once each, in the order first
+asked, with the parameters of their first mention. Every check names the field at fault: the
+signature check of `tidegate.schemas.signature` first (names, datatypes, shapes), then the data
+against its shape.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tidegate.core.errors import InvalidInputError, MalformedRequestError
 from tidegate.schemas.signature import Signature, validate_inputs
@@ -62,6 +64,17 @@ class V2Request(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[V2Input] = Field(min_length=1)
     outputs: list[V2Output] | None = None
+
+    @field_validator("outputs")
+    @classmethod
+    def _once_each(cls, outputs: list[V2Output] | None) -> list[V2Output] | None:
+        """An output asked for again is returned once, as the first mention of it asks."""
+        if outputs is None:
+            return None
+        first: dict[str, V2Output] = {}
+        for output in outputs:
+            first.setdefault(output.name, output)
+        return list(first.values())
 
 
 def parse_request(header: bytes) -> V2Request:

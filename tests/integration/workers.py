@@ -150,11 +150,13 @@ class Stack:
         return {
             **os.environ,
             "TIDEGATE_TOPICS_REQUESTS": self.topics.requests,
+            "TIDEGATE_TOPICS_REQUESTS_BATCH": self.topics.requests_batch,
             "TIDEGATE_TOPICS_RESULTS": self.topics.results,
             "TIDEGATE_TOPICS_FAILED": self.topics.failed,
             "TIDEGATE_TOPICS_POISON": self.topics.poison,
             "TIDEGATE_TOPICS_LIFECYCLE": self.topics.lifecycle,
             "TIDEGATE_TOPICS_SHADOW": self.topics.shadow,
+            "TIDEGATE_TOPICS_BREAKERS": self.topics.breakers,
             "TIDEGATE_TOPICS_RETRY_PREFIX": self.topics.retry_prefix,
             "TIDEGATE_POSTGRES_DB_SCHEMA": self.pg.db_schema,
             "TIDEGATE_WORKER_GROUP_ID": self.group,
@@ -190,23 +192,27 @@ def stack(
 ) -> Iterator[Stack]:
     topics = TopicSettings(
         requests=unique("w-requests"),
+        requests_batch=unique("w-requests-batch"),
         results=unique("w-results"),
         replies=unique("w-replies"),
         failed=unique("w-failed"),
         poison=unique("w-poison"),
         lifecycle=unique("w-lifecycle"),
         shadow=unique("w-shadow"),
+        breakers=unique("w-breakers"),
         retry_prefix=unique("w-retry"),
     )
     names = [
         *topics.retry_topics(),
         topics.requests,
+        topics.requests_batch,
         topics.results,
         topics.replies,
         topics.failed,
         topics.poison,
         topics.lifecycle,
         topics.shadow,
+        topics.breakers,
     ]
     new = [NewTopic(n, num_partitions=4, replication_factor=1) for n in names]
     for future in admin.create_topics(new).values():

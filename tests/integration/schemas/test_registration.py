@@ -37,7 +37,8 @@ TIDEGATE = [sys.executable, "-m", "tidegate.cli"]
 
 def _env(prefix: str) -> dict[str, str]:
     env = dict(os.environ)
-    for key in ("REQUESTS", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE", "SHADOW"):
+    keys = ("REQUESTS", "REQUESTS_BATCH", "RESULTS", "REPLIES", "FAILED", "POISON", "LIFECYCLE")
+    for key in (*keys, "SHADOW", "BREAKERS"):
         env[f"TIDEGATE_TOPICS_{key}"] = f"{prefix}-{key.lower()}"
     env["TIDEGATE_TOPICS_AUDIT"] = f"{prefix}-audit"
     env["TIDEGATE_TOPICS_RETRY_PREFIX"] = f"{prefix}-retry"

@@ -35,6 +35,7 @@ from tidegate.lifecycle.domain.routing import EXPLICIT, RoutingTable
 from tidegate.lifecycle.domain.state import ModelState, fold
 from tidegate.models.manifest import ModelPackage
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.requests import FALLBACK_OF
 from tidegate.schemas.signature import Signature, TensorSpec
 
 SIGNATURE = Signature(
@@ -48,11 +49,19 @@ POISON = -1.0  # a first feature of -1 makes FakeRuntime fail the whole call
 
 
 class FakeRuntime(ModelRuntime):
-    def __init__(self, version: str, *, drop_row: bool = False, unavailable: bool = False) -> None:
+    def __init__(
+        self,
+        version: str,
+        *,
+        drop_row: bool = False,
+        unavailable: bool = False,
+        compute_s: float = 0.0,
+    ) -> None:
         self.version = version
         self.calls: list[int] = []
         self.drop_row = drop_row
         self.unavailable = unavailable
+        self.compute_s = compute_s
 
     async def load(self, package: ModelPackage) -> None:
         """Nothing to load."""
@@ -60,6 +69,8 @@ class FakeRuntime(ModelRuntime):
     async def infer(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]:
         x = inputs["features"]
         self.calls.append(len(x))
+        if self.compute_s:
+            await asyncio.sleep(self.compute_s)  # the model's own compute time
         if self.unavailable:
             raise ModelUnavailableError("unloading")
         if (x[:, 0] == POISON).any():
@@ -296,6 +307,22 @@ async def test_a_request_past_its_deadline_is_answered_without_compute() -> None
     assert runtimes["1"].calls == [1]
 
 
+async def test_a_request_whose_deadline_passes_during_the_call_is_not_computed() -> None:
+    # A 200 ms model: a request with 50 ms left would be answered after its deadline, for
+    # nobody; one with a minute left is computed.
+    service, runtimes = make_service(compute_s=0.2)
+    await run(service, [task("warm")])
+    soon = time.time() * 1000.0 + 50
+    later = time.time() * 1000.0 + 60_000
+    late, timely = await run(
+        service, [task("soon", deadline_ms=soon), task("ok", deadline_ms=later)]
+    )
+    assert late["status"] == "DEADLINE_EXCEEDED"
+    assert "less than the model's recent call time" in late["error"]["message"]
+    assert timely["status"] == "OK"
+    assert runtimes["1"].calls == [1, 1]
+
+
 async def test_bisection_isolates_one_bad_input_among_eight() -> None:
     service, runtimes = make_service()
     tasks = [task(f"r{i}", [POISON if i == 5 else 1.0, 1, 1, 1]) for i in range(8)]
@@ -404,3 +431,13 @@ async def test_split_traffic_never_reaches_a_version_this_worker_has_not_warmed(
     assert {r["routing_rule"] for r in results} == {"split@8", "warming-fallback@8"}
     assert runtimes["2"].calls == []
     await manager(service).stop()
+
+
+async def test_a_request_a_gateway_diverted_to_this_model_says_so_in_its_rule() -> None:
+    service, runtimes = make_service()
+    diverted = task("a")
+    diverted.request["parameters"] = {FALLBACK_OF: "overloaded@fraud-heavy"}
+    results = await run(service, [diverted, task("b")])
+    assert [r["routing_rule"] for r in results] == ["fallback:overloaded@fraud-heavy", "split@7"]
+    assert [r["status"] for r in results] == ["OK", "OK"]
+    assert runtimes["1"].calls == [2]  # the mark changes the rule, not the batch

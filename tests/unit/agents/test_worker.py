@@ -464,7 +464,9 @@ async def test_on_a_mock_cluster_kafka_gets_the_delivered_prefix_and_stop_commit
             await asyncio.sleep(0.05)
 
     try:
-        worker = await harness.start(topic=topic, kafka=kafka, group=group)
+        # librdkafka's mock cluster holds the first join ~3 s and expires a member silent that
+        # long meanwhile (a real broker does neither): a session longer than the 2 s default.
+        worker = await harness.start(topic=topic, kafka=kafka, group=group, session_timeout_ms=6000)
         publisher = harness.publisher
         await until(lambda: len(publisher.acks) == 6, 20)  # the mock's first join takes 3 s
         publisher.ack("p0-0", "p0-2", "p0-3", "p1-0", "p1-1")

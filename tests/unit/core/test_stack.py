@@ -31,6 +31,7 @@ def test_every_topic_of_the_settings_is_specified_once() -> None:
     assert len(names) == len(set(names))
     assert set(names) == {
         topics.requests,
+        topics.requests_batch,
         topics.results,
         topics.replies,
         topics.failed,
@@ -39,6 +40,7 @@ def test_every_topic_of_the_settings_is_specified_once() -> None:
         topics.lifecycle,
         topics.audit,
         topics.shadow,
+        topics.breakers,
         RegistryServerSettings().topic,
     }
 
@@ -46,6 +48,7 @@ def test_every_topic_of_the_settings_is_specified_once() -> None:
 def test_default_layout() -> None:
     specs = by_name(topic_specs(TopicSettings()))
     assert specs["inference-requests"].partitions == 32
+    assert specs["inference-requests-batch"].partitions == 32
     assert specs["inference-results"].partitions == 32
     assert specs["inference-failed-requests"].partitions == 4
     assert specs["inference-poison-pill"].partitions == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from typing import Any
 
@@ -202,3 +203,18 @@ def test_prefs_round_trip_through_meta() -> None:
     prefs = OutputPrefs(names=("a",), binary={"a": True}, binary_default=True)
     assert OutputPrefs.from_meta(prefs.to_meta()) == prefs
     assert OutputPrefs.from_meta(None) == OutputPrefs()
+
+
+def test_an_output_asked_for_again_is_kept_once() -> None:
+    outputs = [
+        {"name": "probabilities", "parameters": {"binary_data": True}},
+        {"name": "probabilities"},
+        {"name": "logits"},
+        {"name": "probabilities", "parameters": {"binary_data": False}},
+    ]
+    request = parse_request(json.dumps(fraud([0] * 8, outputs=outputs)).encode())
+    assert request.outputs is not None
+    assert [(o.name, o.parameters) for o in request.outputs] == [
+        ("probabilities", {"binary_data": True}),
+        ("logits", {}),
+    ]
