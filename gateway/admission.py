@@ -1,56 +1,198 @@
-"""Load shedding: at most `limit` requests in flight; past it, calls get 503 instead of a queue.
+"""Admission control from measured load: a call that could not be served within its budget, or
+that would take a model past the in-flight limit its measured service rate allows, is refused at
+once (503, `OverloadedError`) instead of queued.
+
+Three checks, each O(1) on numbers kept up to date once per tick (`tidegate.gateway.load_estimate`):
+
+* this replica's calls in flight, past `limit` (`GatewaySettings.max_in_flight`), whatever model;
+* a model's calls in flight, past its adaptive limit (AIMD on the latency its calls saw, bounded
+  by service rate x SLO); the batch lane may use only `batch_share` of it, so it is refused first;
+* the estimated queueing delay (this replica's calls ahead over the model's service rate, or the
+  workers' Kafka lag over their capacity, whichever is longer) past the call's wait budget, half of
+  it for the batch lane.
+
+The gateway itself may be the bottleneck (issue 12 found it at 0.6-0.9 cores): then calls wait in
+the socket before they are read, which no call's latency shows. So the event loop's lateness is
+watched too (`loop_lag`, stepped every `LOOP_CHECK_S` by the app): a tick in which it ran later
+than half the SLO shrinks every model's limit, as slow calls do.
+
+`refusal` answers why a call would be refused, without raising: the HTTP protocol layer
+(`tidegate.gateway.slow_clients`) asks it before a request's body is read or any middleware runs.
 
 Synchronous calls leave when they are answered or time out. Asynchronous ones leave when their
 result arrives, or at their expiry, so a request whose result never comes cannot hold a slot
-forever.
+forever. A result is a service sample (its latency); a call that left without one after the SLO
+counts as a slow sample, so workers that stop answering shrink the limit rather than grow it.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tidegate.core.errors import OverloadedError
 from tidegate.gateway import http_metrics as metrics
+from tidegate.gateway.admission_settings import AdmissionSettings
+from tidegate.gateway.load_estimate import KafkaBacklog, LoopLag, ModelLoad
 
-__all__ = ["Admission"]
+__all__ = ["ADMISSION_STATE", "BATCH", "LANES", "LOOP_CHECK_S", "REALTIME", "Admission"]
+
+# The key of the replica's `Admission` in the app's lifespan state, where the protocol finds it.
+ADMISSION_STATE = "tidegate.admission"
+# The event loop is checked this often; late by more than this share of the SLO, it is saturated.
+LOOP_CHECK_S = 0.02
+_LOOP_SHARE = 0.5
+
+REALTIME = "realtime"
+BATCH = "batch"
+LANES = (REALTIME, BATCH)
+
+
+class _Call:
+    __slots__ = ("batch", "load", "started", "until")
+
+    def __init__(self, until: float, started: float, load: ModelLoad | None, batch: bool) -> None:
+        self.until = until
+        self.started = started
+        self.load = load
+        self.batch = batch
 
 
 class Admission:
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        settings: AdmissionSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._limit = limit
-        self._until: dict[str, float] = {}
+        self._clock = clock
+        self._calls: dict[str, _Call] = {}
+        self._models: dict[str, ModelLoad] = {}
+        self._next_tick = 0.0
+        self.loop_lag = LoopLag(LOOP_CHECK_S)
+        self.configure(settings or AdmissionSettings())
+
+    def configure(self, settings: AdmissionSettings) -> None:
+        """Take these settings (before any call is admitted)."""
+        self._settings = settings
+        self.backlog = KafkaBacklog(settings.lag_floor)
 
     @property
     def in_flight(self) -> int:
-        return len(self._until)
+        return len(self._calls)
 
-    def check(self) -> None:
-        """Shed early, before reading a body, when there is clearly no room."""
-        if len(self._until) >= self._limit:
-            self._prune()
-            if len(self._until) >= self._limit:
-                metrics.SHED.inc()
-                raise OverloadedError(
-                    f"{len(self._until)} requests are in flight, the most this replica takes"
+    def model_load(self, model: str) -> ModelLoad | None:
+        return self._models.get(model)
+
+    def refusal(
+        self, model: str | None = None, wait_s: float | None = None, lane: str = REALTIME
+    ) -> str | None:
+        """Why a call for `model` with `wait_s` to wait would be refused now; None: admitted."""
+        now = self._clock()
+        if now >= self._next_tick:
+            self._tick(now)
+        if len(self._calls) >= self._limit:
+            self._prune(now)
+            if len(self._calls) >= self._limit:
+                return f"{len(self._calls)} requests are in flight, the most this replica takes"
+        batch = lane == BATCH
+        load = self._models.get(model) if model is not None else None
+        delay = self.backlog.delay_s
+        if load is not None:
+            cap = load.limit * self._settings.batch_share if batch else load.limit
+            if load.in_flight >= cap:
+                return (
+                    f"{load.in_flight} calls of {model} are in flight, the most its measured "
+                    f"service rate serves within {self._settings.slo_s:g}s"
+                    + (" on the batch lane" if batch else "")
                 )
+            delay = max(delay, load.delay_s(batch))
+        if wait_s is not None:
+            budget = wait_s / 2 if batch else wait_s
+            if delay > budget:
+                return (
+                    f"the estimated queueing delay, {delay:.2f}s, exceeds this call's "
+                    f"{budget:g}s" + (" (half its wait, on the batch lane)" if batch else "")
+                )
+        return None
 
-    def admit(self, request_id: str, ttl_s: float | None = None) -> None:
-        """Take a slot until `release`, or for `ttl_s` seconds at most when given."""
-        self.check()
-        if request_id not in self._until:
-            metrics.IN_FLIGHT.inc()
-        self._until[request_id] = math.inf if ttl_s is None else time.monotonic() + ttl_s
+    def retry_after_s(self, model: str | None = None) -> int:
+        """Whole seconds after which a refused call may find room: the estimated delay, >= 1."""
+        load = self._models.get(model) if model is not None else None
+        delay = max(self.backlog.delay_s, load.delay_s(True) if load is not None else 0.0)
+        return max(1, math.ceil(delay))
+
+    def check(
+        self, model: str | None = None, wait_s: float | None = None, lane: str = REALTIME
+    ) -> None:
+        """Raise `OverloadedError` if `refusal` says no."""
+        reason = self.refusal(model, wait_s, lane)
+        if reason is not None:
+            metrics.SHED.inc()
+            raise OverloadedError(reason, retry_after_s=self.retry_after_s(model))
+
+    def admit(
+        self,
+        request_id: str,
+        ttl_s: float | None = None,
+        *,
+        model: str | None = None,
+        wait_s: float | None = None,
+        lane: str = REALTIME,
+    ) -> None:
+        """Take a slot until `release` or the result, or for `ttl_s` seconds at most when given."""
+        self.check(model, wait_s, lane)
+        self.release(request_id)
+        now = self._clock()
+        load = None
+        if model is not None:
+            load = self._models.get(model)
+            if load is None:
+                s = self._settings
+                load = ModelLoad(s.initial_limit, s.min_limit, self._limit, now)
+                self._models[model] = load
+            load.enter(lane == BATCH)
+        until = math.inf if ttl_s is None else now + ttl_s
+        self._calls[request_id] = _Call(until, now, load, lane == BATCH)
+        metrics.IN_FLIGHT.inc()
 
     def release(self, request_id: str) -> None:
-        if self._until.pop(request_id, None) is not None:
-            metrics.IN_FLIGHT.dec()
+        """The call left without its result (timed out, failed to publish, cancelled)."""
+        call = self._calls.pop(request_id, None)
+        if call is None:
+            return
+        metrics.IN_FLIGHT.dec()
+        if call.load is not None:
+            call.load.leave(call.batch, None, self._settings.slo_s)
+            if self._clock() - call.started > self._settings.slo_s:
+                call.load.timed_out()
 
     def on_result(self, result: dict[str, Any]) -> None:
-        self.release(str(result["request_id"]))
+        call = self._calls.pop(str(result["request_id"]), None)
+        if call is None:
+            return
+        metrics.IN_FLIGHT.dec()
+        if call.load is not None:
+            latency = self._clock() - call.started
+            call.load.leave(call.batch, latency, self._settings.slo_s)
 
-    def _prune(self) -> None:
-        now = time.monotonic()
-        for request_id in [rid for rid, until in self._until.items() if until <= now]:
+    def observe_kafka(self, lag: int, committed: int) -> None:
+        """The workers' lag and committed offsets, from the lag probe's thread."""
+        self.backlog.observe(lag, committed, self._clock())
+
+    def _tick(self, now: float) -> None:
+        s = self._settings
+        self._next_tick = now + s.tick_s
+        saturated = self.loop_lag.take() > _LOOP_SHARE * s.slo_s
+        for model, load in self._models.items():
+            load.tick(now, s.slo_s, s.slo_miss_ratio, saturated)
+            metrics.set_admission(model, load.limit, load.delay_s(False))
+        metrics.KAFKA_LAG.set(self.backlog.lag)
+
+    def _prune(self, now: float) -> None:
+        for request_id in [rid for rid, call in self._calls.items() if call.until <= now]:
             self.release(request_id)

@@ -5,7 +5,9 @@ default); the lifespan builds and starts them on the server's event loop and sto
 With an `admin` factory (`tidegate.gateway.admin.lifecycle_admin`), the lifecycle commands are
 served under /admin too. Every error answers an RFC 9457 problem body (`tidegate.gateway.problems`).
 Every route authenticates and authorizes its caller (`tidegate.gateway.permissions`,
-docs/security.md).
+docs/security.md). Admission control (`tidegate.gateway.admission`, docs/overload.md) is handed to
+the HTTP protocol in the lifespan state, so an overloaded model's calls are refused before any
+middleware runs: a refusal is cheap because it skips authentication, the routes and the body.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,7 +23,9 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tidegate
+from tidegate.core.aio import Periodic
 from tidegate.core.errors import TidegateError
+from tidegate.gateway.admission import ADMISSION_STATE, LOOP_CHECK_S
 from tidegate.gateway.audit_hooks import start_trail
 from tidegate.gateway.authn import Authenticator, install_authenticator
 from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
@@ -52,7 +56,7 @@ def create_app(
     auth = authenticator or Authenticator.from_settings(config.auth, config.postgres)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(auth)
             if admin is not None:
@@ -60,13 +64,22 @@ def create_app(
             runtime = GatewayRuntime(config, services(config))
             await runtime.start()
             stack.push_async_callback(runtime.stop)
+            if runtime.services.lag_probe is not None:
+                runtime.services.lag_probe.start(runtime.admission.observe_kafka)
+            loop_lag = Periodic(
+                runtime.admission.loop_lag.step, LOOP_CHECK_S, name="gateway-loop-lag"
+            )
+            loop_lag.start()
+            stack.push_async_callback(loop_lag.stop)
             app.state.gateway = runtime
             app.state.audit = runtime.services.audit
             await start_trail(app.state.audit)
             app.state.rate_limiter = RateLimiter(config.rate_limits, config.redis)
             stack.push_async_callback(app.state.rate_limiter.close)
             _log.info("gateway replica %s started", config.gateway.replica_id)
-            yield
+            # The lifespan state reaches the HTTP protocol (uvicorn's `app_state`), which refuses
+            # an overloaded model's calls before any middleware or body read.
+            yield {ADMISSION_STATE: runtime.admission}
 
     app = FastAPI(title="tidegate gateway", version=tidegate.__version__, lifespan=lifespan)
     install_authenticator(app, auth)

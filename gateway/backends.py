@@ -1,9 +1,10 @@
 """What the gateway talks to, behind small interfaces, and how the real ones are built.
 
 `GatewayConfig` bundles the settings; `GatewayServices` holds the publisher, the reply feed, the
-result store, the model catalog, the result decoder and the audit trail. `kafka_services` builds
-the real ones (Kafka, Redis, the registry, the lifecycle feed that says which versions are served
-and what their signatures are, and the `audit-log` writer); tests build in-memory ones instead.
+result store, the model catalog, the result decoder, the audit trail and the probe of the workers'
+lag that admission control reads. `kafka_services` builds the real ones (Kafka, Redis, the
+registry, the lifecycle feed that says which versions are served and what their signatures are,
+the `audit-log` writer, the lag probe); tests build in-memory ones instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from redis.asyncio import Redis
 
 from tidegate.clients.audit import AuditTrail, KafkaAuditTrail
+from tidegate.core.cache_settings import PredictionCacheSettings, cache_redis
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -27,10 +29,18 @@ from tidegate.core.settings import (
     TracingSettings,
 )
 from tidegate.core.tracing import TRACING_OFF, Tracing, start_tracing
+from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.lag_probe import LagProbe
 from tidegate.gateway.lease import PartitionLease
 from tidegate.gateway.model_catalog import ModelCatalog
+from tidegate.gateway.model_health import BreakerStates, ModelHealth
+from tidegate.gateway.prediction_cache import (
+    GatewayPredictionCache,
+    VersionResolver,
+    table_resolver,
+)
 from tidegate.gateway.publisher import KafkaPublisher, RequestPublisher
 from tidegate.gateway.rate_limit_settings import RateLimitSettings
 from tidegate.gateway.replies import ReplyFeed
@@ -55,6 +65,9 @@ class GatewayConfig:
     auth: AuthSettings = field(default_factory=AuthSettings)
     postgres: PostgresSettings = field(default_factory=PostgresSettings)
     rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    # Which models' answers are cached, and where (docs/prediction-cache.md).
+    cache: PredictionCacheSettings = field(default_factory=PredictionCacheSettings)
 
 
 @dataclass
@@ -68,6 +81,13 @@ class GatewayServices:
     tracing: Tracing = TRACING_OFF
     # Admin actions and failed authentications (`tidegate.gateway.audit_hooks`); None: none kept.
     audit: AuditTrail | None = None
+    # Reads the workers' lag for admission (started by the app); None: only this replica's calls.
+    lag_probe: LagProbe | None = None
+    # The workers' circuit breakers (docs/breakers.md); None: the workers' own 503s only.
+    health: BreakerStates | None = None
+    # The prediction cache and how the gateway knows the version that would serve; None: off.
+    prediction_cache: GatewayPredictionCache | None = None
+    resolve_version: VersionResolver | None = None
 
     async def close(self) -> None:
         for close in self.closers:
@@ -119,9 +139,36 @@ def kafka_services(config: GatewayConfig, *, tracing: Tracing | None = None) -> 
     async def stop_audit() -> None:
         await asyncio.to_thread(audit.close)
 
+    probe = None
+    stops = [redis.aclose, stop_lifecycle, stop_audit]
+    if config.admission.probe:
+        probe = LagProbe(config.kafka, config.topics.requests, config.admission)
+        built_probe = probe
+
+        async def stop_probe() -> None:
+            await asyncio.to_thread(built_probe.stop)
+
+        stops.append(stop_probe)
+    health = ModelHealth(
+        config.kafka, config.topics, config.registry, name=f"gateway-{gateway.replica_id}"
+    )
+    health.start()
+
+    async def stop_health() -> None:
+        await asyncio.to_thread(health.stop)
+
+    stops.append(stop_health)
+    cache = None
+    if config.cache.models:
+        cache_client = cache_redis(config.cache, config.redis)
+        stops.append(cache_client.aclose)
+        cache = GatewayPredictionCache(cache_client, config.cache, replica_id=gateway.replica_id)
+
     return GatewayServices(
         catalog=ModelCatalog(lifecycle),
-        publisher=KafkaPublisher(config.kafka, config.topics, config.registry, tracing=tracing),
+        publisher=KafkaPublisher(
+            config.kafka, config.topics, config.registry, gateway=gateway, tracing=tracing
+        ),
         feed=KafkaReplyFeed(
             config.kafka,
             config.topics.replies,
@@ -133,7 +180,11 @@ def kafka_services(config: GatewayConfig, *, tracing: Tracing | None = None) -> 
         store=RedisResultStore(redis, gateway.result_ttl_s),
         decode_result=decode,
         # Tracing last: what stopping still traces is exported.
-        closers=[redis.aclose, stop_lifecycle, stop_audit, *closers],
+        closers=[*stops, *closers],
         tracing=tracing,
         audit=audit,
+        lag_probe=probe,
+        health=health,
+        prediction_cache=cache,
+        resolve_version=table_resolver(lifecycle) if cache is not None else None,
     )

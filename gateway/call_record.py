@@ -1,12 +1,23 @@
-"""From a V2 request to the `InferenceRequest` record the gateway publishes: the request id, how
-long a synchronous call waits, and the record itself. Plain values in, plain values out.
+"""From a V2 request to the `InferenceRequest` record the gateway publishes: the request id, the
+call's budget (how long it waits, and the request's deadline), and the record itself. Plain values
+in, plain values out.
 
-How long a synchronous call waits is the `Request-Timeout` header, in seconds, else
-`GatewaySettings.default_timeout_s`, and never more than `max_timeout_s`. The request itself is
-published without a deadline, so it is still computed when the caller stops waiting and its
-result can be fetched at `/v2/requests/{id}`. Triton's request parameter `timeout`
-(microseconds, as tritonclient's `timeout=` sends it) is the server-side deadline: it becomes the
-request's `deadline`, past which the worker answers DEADLINE_EXCEEDED instead of computing.
+A synchronous call waits `Request-Timeout` seconds, else `GatewaySettings.default_timeout_s`, and
+never more than `max_timeout_s`; that wait is also the request's `deadline`, past which a worker
+answers DEADLINE_EXCEEDED instead of computing it, so a caller that got a 504 does not have its
+request computed later (it may still have been computed just in time). An asynchronous call's
+deadline is its `Request-Timeout` when it sends one, else `async_deadline_s` (unset: none, it is
+computed however long it waits). Triton's request parameter `timeout` (microseconds, as
+tritonclient's `timeout=` sends it) is a deadline too; when both are given, the earlier wins.
+docs/deadlines-and-faults.md tells the whole story.
+
+A call's lane (docs/lanes.md) is its `Tidegate-Lane` header, else its request parameter `lane`,
+else `realtime`; it picks the topic the record goes to and is not forwarded as a parameter. Any
+caller may choose `batch`: it only ever gets a request served later, never sooner.
+
+`divert` sends a record to the model's declared fallback instead (docs/breakers.md): it names the
+fallback, lets its routing choose the version, and marks the request (`FALLBACK_OF`) so the
+result's routing rule says why. A caller's own `fallback_of` parameter is dropped.
 """
 
 from __future__ import annotations
@@ -15,17 +26,32 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from tidegate.clients.producer import LANES, Lane
 from tidegate.core.errors import InvalidInputError, ModelUnavailableError
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.schemas.requests import build_request
+from tidegate.schemas.requests import FALLBACK_OF, build_request
 from tidegate.schemas.v2 import V2Request, scalar_parameters
 
-__all__ = ["REQUEST_TIMEOUT", "is_request_id", "location", "new_record", "request_id", "wait_s"]
+__all__ = [
+    "LANE",
+    "REQUEST_TIMEOUT",
+    "Budget",
+    "budget",
+    "divert",
+    "is_request_id",
+    "lane",
+    "location",
+    "new_record",
+    "request_id",
+    "wait_s",
+]
 
 REQUEST_TIMEOUT = "Request-Timeout"
+LANE = "Tidegate-Lane"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
@@ -53,10 +79,54 @@ def request_id(given: str | None, in_flight: Callable[[str], bool]) -> str:
     return given
 
 
+def lane(header: str | None, parameters: Mapping[str, Any]) -> Lane:
+    """The call's lane from its raw `Tidegate-Lane` header and its request parameters; both may
+    name it, but not two different lanes."""
+    named: list[tuple[str, Any]] = []
+    if header is not None:
+        named.append((LANE, header.strip().lower()))
+    if parameters.get("lane") is not None:
+        named.append(("parameters.lane", parameters["lane"]))
+    for where, value in named:
+        if value not in LANES:
+            raise InvalidInputError(f"the lane must be one of {', '.join(LANES)}", where)
+    if len({value for _, value in named}) > 1:
+        raise InvalidInputError(f"{LANE} and parameter 'lane' name different lanes", LANE)
+    chosen: Lane = named[0][1] if named else "realtime"
+    return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How long a call waits for its answer (a synchronous call for its result, an
+    asynchronous one for Kafka's acknowledgement), and the request's deadline in seconds from
+    now (None: it has none)."""
+
+    wait_s: float
+    deadline_s: float | None
+
+
+def budget(raw: str | None, settings: GatewaySettings, *, respond_async: bool) -> Budget:
+    """The budget of a call from its raw `Request-Timeout` value."""
+    if not respond_async:
+        waits = wait_s(raw, settings)
+        return Budget(waits, waits)
+    asked = None if raw is None else _timeout(raw, settings)
+    # librdkafka resolves every acknowledgement within `publish_timeout_s`, whatever the call
+    # asked: waiting less would answer before knowing whether Kafka has the request.
+    return Budget(
+        settings.publish_timeout_s, asked if asked is not None else settings.async_deadline_s
+    )
+
+
 def wait_s(raw: str | None, settings: GatewaySettings) -> float:
     """Seconds a synchronous call waits, from the raw `Request-Timeout` value."""
     if raw is None:
         return min(settings.default_timeout_s, settings.max_timeout_s)
+    return _timeout(raw, settings)
+
+
+def _timeout(raw: str, settings: GatewaySettings) -> float:
     try:
         value = float(raw)
     except ValueError:
@@ -75,9 +145,14 @@ def new_record(
     inputs: list[dict[str, Any]],
     request_id: str,
     reply_to: Mapping[str, Any] | None,
+    deadline_s: float | None = None,
 ) -> dict[str, Any]:
-    """The record to publish; `reply_to` is this replica's reply partition, None while unheld."""
+    """The record to publish; `reply_to` is this replica's reply partition, None while unheld,
+    and `deadline_s` the call's deadline in seconds from now (the earlier of it and Triton's
+    `timeout` parameter is the request's)."""
     params = scalar_parameters(v2.parameters, "parameters")
+    params.pop("lane", None)  # the topic says it (`lane`)
+    params.pop(FALLBACK_OF, None)  # only `divert` marks a request as diverted
     for name in ("routing_key", "tenant"):
         if params.get(name) is not None and not isinstance(params[name], str):
             raise InvalidInputError(f"parameter {name!r} must be a string", f"parameters.{name}")
@@ -97,9 +172,22 @@ def new_record(
         version=version,
         routing_key=str(params.pop("routing_key")) if params.get("routing_key") else None,
         tenant=str(params.pop("tenant", None) or "default"),
-        deadline=timedelta(microseconds=timeout_us) if timeout_us else None,
+        deadline=_deadline(deadline_s, timeout_us),
         request_id=request_id,
         outputs=[o.name for o in v2.outputs or []],
         parameters=params,
         reply_to=reply_to,
     )
+
+
+def _deadline(deadline_s: float | None, timeout_us: int | None) -> timedelta | None:
+    given = [timedelta(seconds=deadline_s)] if deadline_s is not None else []
+    if timeout_us:
+        given.append(timedelta(microseconds=timeout_us))
+    return min(given, default=None)
+
+
+def divert(record: Mapping[str, Any], fallback: str, reason: str) -> dict[str, Any]:
+    """`record` for the model's declared `fallback` instead, marked `<reason>@<model>`."""
+    parameters = {**(record.get("parameters") or {}), FALLBACK_OF: f"{reason}@{record['model']}"}
+    return {**record, "model": fallback, "model_version": None, "parameters": parameters}

@@ -46,6 +46,35 @@ class GatewaySettings(BaseSettings):
         10.0, gt=0, description="How long a synchronous call waits for its result by default."
     )
     max_timeout_s: float = Field(120.0, gt=0, description="Longest timeout a caller may ask for.")
+    async_deadline_s: float | None = Field(
+        None,
+        gt=0,
+        description="Deadline of an asynchronous call (`Prefer: respond-async`) that sends no "
+        "`Request-Timeout`, in seconds from its arrival; unset, such a call has none and is "
+        "computed however long it waits. A synchronous call's deadline is its timeout.",
+    )
+    publish_timeout_s: float = Field(
+        5.0,
+        ge=0.1,
+        le=300,
+        description="Longest time Kafka may take to acknowledge a request (librdkafka's "
+        "`message.timeout.ms` for the gateway's producer): past it the publish fails, and the "
+        "request is not in Kafka. An asynchronous call is answered within it.",
+    )
+    kafka_probe_s: float = Field(
+        0.5,
+        gt=0,
+        le=30,
+        description="While no Kafka broker is reachable (calls are refused with 503 at once), "
+        "how often the gateway asks the brokers for metadata to learn they are back.",
+    )
+    max_record_bytes: int = Field(
+        1_000_000,
+        ge=1000,
+        description="Largest request record the gateway publishes (librdkafka's "
+        "`message.max.bytes`); the requests topic's `max.message.bytes` lowers it when smaller. "
+        "Larger requests are refused with 413.",
+    )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413."
     )

@@ -3,7 +3,7 @@
 They are kept here, beside the one module that maps errors to HTTP (`tidegate.gateway.problems`),
 because no other component meets them: a body that is too big, of the wrong media type or not JSON
 at all, an unknown request id, a request id another caller holds, or a result store that cannot
-be reached.
+be reached, or a request id whose request is still being published.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from tidegate.core.errors import FatalError, InvalidInputError, RetriableError
 __all__ = [
     "PayloadTooLargeError",
     "RequestIdTakenError",
+    "RequestInFlightError",
     "RequestNotFoundError",
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
@@ -44,6 +45,21 @@ class RequestIdTakenError(FatalError):
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f"request id {request_id!r} is taken; choose another or send none")
+        self.request_id = request_id
+        self.field = "id"
+
+
+class RequestInFlightError(RetriableError):
+    """A request with this id is being published by another call, whose answer is not known yet
+    (409): retried later, the call learns whether Kafka took it."""
+
+    code = "REQUEST_IN_FLIGHT"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"a request with id {request_id!r} is being published by another call; retry to "
+            "learn whether it was accepted"
+        )
         self.request_id = request_id
         self.field = "id"
 

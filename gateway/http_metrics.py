@@ -14,7 +14,11 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
+    "ADMISSION_LIMIT",
+    "ESTIMATED_DELAY",
+    "FALLBACKS",
     "IN_FLIGHT",
+    "KAFKA_LAG",
     "LATENCY",
     "REPLIES",
     "REQUESTS",
@@ -22,6 +26,7 @@ __all__ = [
     "count_reply",
     "count_request",
     "observe_latency",
+    "set_admission",
 ]
 
 REQUESTS = Counter(
@@ -40,7 +45,30 @@ IN_FLIGHT = Gauge(
     "Published requests (synchronous and asynchronous) whose results have not arrived yet.",
 )
 SHED = Counter(
-    "tidegate_gateway_shed_total", "Calls refused with 503 because too many were in flight."
+    "tidegate_gateway_shed_total",
+    "Calls refused with 503 by admission control: too many in flight, or an estimated queueing "
+    "delay past their budget (docs/overload.md).",
+)
+ADMISSION_LIMIT = Gauge(
+    "tidegate_gateway_admission_limit",
+    "A model's adaptive in-flight limit in this replica (AIMD on latency, <= service rate x SLO).",
+    ["model"],
+)
+ESTIMATED_DELAY = Gauge(
+    "tidegate_gateway_estimated_delay_seconds",
+    "Estimated queueing delay of a new real-time call of a model in this replica.",
+    ["model"],
+)
+KAFKA_LAG = Gauge(
+    "tidegate_gateway_worker_lag",
+    "The workers' consumer lag on the requests topic, as this replica's lag probe last read it.",
+)
+FALLBACKS = Counter(
+    "tidegate_gateway_fallbacks_total",
+    "Calls sent to the model's declared fallback instead, by model, fallback and reason "
+    "(breaker-open: every servable version's breaker is open; overloaded: admission would have "
+    "refused the call).",
+    ["model", "fallback", "reason"],
 )
 REPLIES = Counter(
     "tidegate_gateway_replies_total",
@@ -52,6 +80,7 @@ REPLIES = Counter(
 _requests: dict[tuple[str, str, int], Any] = {}
 _latencies: dict[str, Any] = {}
 _replies: dict[str, Any] = {}
+_admission: dict[str, tuple[Any, Any]] = {}
 
 
 def count_request(model: str, version: str, status: int) -> None:
@@ -73,3 +102,15 @@ def count_reply(outcome: str) -> None:
     if child is None:
         child = _replies[outcome] = REPLIES.labels(outcome=outcome)
     child.inc()
+
+
+def set_admission(model: str, limit: float, delay_s: float) -> None:
+    """A model's admission numbers, once per tick."""
+    children = _admission.get(model)
+    if children is None:
+        children = _admission[model] = (
+            ADMISSION_LIMIT.labels(model),
+            ESTIMATED_DELAY.labels(model),
+        )
+    children[0].set(limit)
+    children[1].set(delay_s)

@@ -3,15 +3,22 @@
 `Inference` takes what the HTTP edge (`tidegate.gateway.v2_http`) read from a request, an
 `InferCall` of plain values, and answers an `Outcome` the edge renders; it never sees a header or
 a response. It checks the call (`tidegate.gateway.call_record`), publishes it and waits for the
-reply (synchronous), or hands out a ticket (asynchronous, `Prefer: respond-async`).
+reply (synchronous), or hands out a ticket (asynchronous, `Prefer: respond-async`). While no
+Kafka broker is reachable, both are refused at once (503) before anything is enqueued.
 
 A synchronous call registers for its reply, enqueues the request and then waits for the reply and
 for Kafka's acknowledgement together: the reply ends the call whenever it comes (it may even beat
 the ack), a failed publish ends it with `PublishError`, and the deadline ends it with a 504 only
-once Kafka has the request, because a 504 promises a result that still comes and can be fetched
-at `/v2/requests/{id}`. Redis is written only then: the marker now, the late result when it comes.
-An asynchronous call is marked in Redis before it is published, so a fetch right after its 202
-finds it.
+once Kafka has the request. The request carries that deadline, so a worker that reaches it later
+answers DEADLINE_EXCEEDED instead of computing it; the answer, either way, can be fetched at
+`/v2/requests/{id}`. Redis is written only then: the marker now, the late result when it comes.
+
+An asynchronous call is answered 202 only once Kafka has the request, and a failure only when
+Kafka does not have it and will not (librdkafka resolves every publish within
+`publish_timeout_s`). It is marked in Redis before it is published (flagged as publishing, so a
+fetch right after its 202 finds it), and the flag is cleared once Kafka has it. A retry with the
+id the caller chose is idempotent: a request already accepted answers 202 again and is not
+published twice; one still being published answers 409 (`RequestInFlightError`), to be retried.
 
 Both record the caller's subject (`InferCall.owner`) with the marker. A request id the caller
 chose that names another subject's stored request is refused with 409 (`RequestIdTakenError`):
@@ -24,18 +31,21 @@ unknown, 404, whether it exists or not.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from tidegate.core.errors import ResultTimeoutError, TidegateError
-from tidegate.gateway import call_record
+from tidegate.clients.producer import Lane
+from tidegate.core.errors import ModelUnavailableError, ResultTimeoutError, TidegateError
+from tidegate.gateway import call_record, http_metrics
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.backends import GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import (
     RequestIdTakenError,
+    RequestInFlightError,
     RequestNotFoundError,
     StoreUnavailableError,
 )
@@ -43,10 +53,16 @@ from tidegate.gateway.identity import Identity
 from tidegate.gateway.publisher import Ack
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.responses import OutputPrefs
+from tidegate.schemas.requests import fallback_allowed
 from tidegate.schemas.v2 import input_records, parse_request
 from tidegate.schemas.v2_binary import split_body
 
 __all__ = ["UNKNOWN_MODEL", "InferCall", "Inference", "Outcome", "Stored"]
+
+_log = logging.getLogger(__name__)
+
+# The marker's flag of an asynchronous request whose publish is not acknowledged yet.
+_PUBLISHING = "publishing"
 
 # The metric label of calls for no model this gateway serves: made-up names never become series.
 UNKNOWN_MODEL = "_unknown"
@@ -57,8 +73,8 @@ Reply = asyncio.Future[dict[str, Any]]
 @dataclass(frozen=True, slots=True)
 class InferCall:
     """One inference call as the edge read it: the path's model and version, the body, and the
-    raw values of `Inference-Header-Content-Length` and `Request-Timeout`, and `owner`, the
-    subject of the caller, recorded with a result the gateway keeps."""
+    raw values of `Inference-Header-Content-Length`, `Request-Timeout` and `Tidegate-Lane`, and
+    `owner`, the subject of the caller, recorded with a result the gateway keeps."""
 
     model: str
     version: str | None
@@ -67,6 +83,7 @@ class InferCall:
     timeout: str | None = None
     respond_async: bool = False
     owner: str | None = None
+    lane: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +120,9 @@ class Inference:
         self._services = services
         self._router = router
         self._admission = admission
+        # Asynchronous requests this replica is publishing now, by id: a retry racing its
+        # first attempt here is told so before either reads Redis.
+        self._submitting: set[str] = set()
 
     @property
     def max_body_bytes(self) -> int:
@@ -123,54 +143,169 @@ class Inference:
         try:
             header, binary = split_body(call.body, call.header_length)
             v2 = parse_request(header)
+            lane = call_record.lane(call.lane, v2.parameters)
             request_id = call_record.request_id(v2.id, self._router.is_waiting)
             signature = await self._services.catalog.signature(call.model, call.version)
             model, version = call.model, call.version or ""
             inputs = input_records(v2, binary, signature)
-            wait_s = call_record.wait_s(call.timeout, self._settings)
+            budget = call_record.budget(
+                call.timeout, self._settings, respond_async=call.respond_async
+            )
             reply_to = self._services.feed.reply_to()
-            record = call_record.new_record(model, call.version, v2, inputs, request_id, reply_to)
+            record = call_record.new_record(
+                model, call.version, v2, inputs, request_id, reply_to, budget.deadline_s
+            )
             prefs = OutputPrefs.from_request(v2)
             if call.respond_async:
-                await self._submit(record, prefs, wait_s, call.owner)
+                record = await self._divert(record, None, lane)
+                await self._submit(record, prefs, call.owner, chosen=bool(v2.id), lane=lane)
                 return Outcome(request_id, model, version, prefs=prefs, accepted=True)
-            result = await self._call(record, prefs, wait_s, call.owner)
+            result = await self._cached(record)
+            if result is None:
+                record = await self._divert(record, budget.wait_s, lane)
+                result = await self._call(record, prefs, budget.wait_s, call.owner, lane)
+            model = str(result.get("model") or model)
             served = str(result.get("model_version") or version)
             return Outcome(request_id, model, served, result=result, prefs=prefs)
         except TidegateError as exc:
             return Outcome(request_id, model, version, error=exc)
 
+    async def _cached(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer from the prediction cache, when the model opted in and the version that
+        would serve it is certain; it then skips admission, Kafka and the model."""
+        cache, resolve = self._services.prediction_cache, self._services.resolve_version
+        if cache is None or resolve is None:
+            return None
+        return await cache.lookup(str(record["model"]), resolve, record)
+
+    async def _divert(
+        self, record: dict[str, Any], wait_s: float | None, lane: Lane
+    ) -> dict[str, Any]:
+        """`record`, or the same request for the model's declared fallback when every servable
+        version's breaker is open or (with `wait_s`) admission would refuse it, and the caller
+        allows a fallback. With every breaker open and no fallback to take it, the call is
+        refused at once (503 with the breakers' `Retry-After`); a call admission would refuse
+        is left to `admit`, which says why. Two O(1) checks when neither is the case."""
+        model = str(record["model"])
+        health = self._services.health
+        broken = health is not None and health.suspect(model)
+        crowded = wait_s is not None and self._admission.refusal(model, wait_s, lane) is not None
+        if not (broken or crowded):
+            return record
+        catalog = self._services.catalog
+        servable, fallback = await catalog.routes(model, record.get("model_version"))
+        reopens = health.refusing(model, servable) if health is not None and broken else None
+        if reopens is None and not crowded:
+            return record
+        reason = "overloaded" if reopens is None else "breaker-open"
+        if (
+            fallback is not None
+            and fallback != model
+            and record.get("model_version") is None
+            and fallback_allowed(record.get("parameters"))
+            and await self._takes(fallback, wait_s, lane)
+        ):
+            http_metrics.FALLBACKS.labels(model, fallback, reason).inc()
+            return call_record.divert(record, fallback, reason)
+        if reopens is not None:
+            raise ModelUnavailableError(
+                f"every servable version of {model!r} has its circuit breaker open, and no "
+                "fallback model took the call",
+                retry_after_s=reopens,
+            )
+        return record
+
+    async def _takes(self, fallback: str, wait_s: float | None, lane: Lane) -> bool:
+        """Whether the fallback model could serve a diverted call now."""
+        if wait_s is not None and self._admission.refusal(fallback, wait_s, lane) is not None:
+            return False
+        health = self._services.health
+        try:
+            servable, _ = await self._services.catalog.routes(fallback, None)
+        except TidegateError:
+            return False  # not served (any more)
+        return health is None or health.refusing(fallback, servable) is None
+
     async def _submit(
-        self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float, owner: str | None
+        self,
+        record: dict[str, Any],
+        prefs: OutputPrefs,
+        owner: str | None,
+        *,
+        chosen: bool,
+        lane: Lane = "realtime",
+    ) -> None:
+        """Return once Kafka has the request (or had it already, for a retry of an id the
+        caller chose); raise when it does not, and then it never will."""
+        request_id = str(record["request_id"])
+        if request_id in self._submitting:
+            raise RequestInFlightError(request_id)
+        self._submitting.add(request_id)
+        try:
+            if chosen and await self._accepted_before(request_id, owner):
+                return
+            await self._publish_kept(record, prefs, owner, lane)
+        finally:
+            self._submitting.discard(request_id)
+
+    async def _accepted_before(self, request_id: str, owner: str | None) -> bool:
+        """Whether an earlier call with this id was accepted; raises if it is another
+        caller's, or still being published."""
+        stored = await self._services.store.get(request_id)
+        if stored is None:
+            return False
+        if stored.owner != owner:
+            raise RequestIdTakenError(request_id)
+        if stored.result is None and (stored.meta or {}).get(_PUBLISHING):
+            raise RequestInFlightError(request_id)
+        return True
+
+    async def _publish_kept(
+        self, record: dict[str, Any], prefs: OutputPrefs, owner: str | None, lane: Lane
     ) -> None:
         request_id = str(record["request_id"])
-        self._admission.admit(request_id, ttl_s=self._settings.max_timeout_s)
+        publisher, store = self._services.publisher, self._services.store
+        # Not even the marker is written while Kafka is unreachable.
+        publisher.check()
+        self._admission.admit(
+            request_id, ttl_s=self._settings.max_timeout_s, model=record["model"], lane=lane
+        )
         try:
-            async with asyncio.timeout(wait_s):
-                await self._services.store.save(request_id, meta=_meta(record, prefs), owner=owner)
-                self._router.keep(request_id, owner)
-                try:
-                    await self._services.publisher.submit(record)
-                except TidegateError:
-                    self._router.drop(request_id)
-                    await self._services.store.discard(request_id)
-                    raise
-        except TimeoutError:
-            raise ResultTimeoutError(
-                f"Kafka did not acknowledge {request_id} within {wait_s}s"
-            ) from None
+            await store.save(request_id, meta=_meta(record, prefs, publishing=True), owner=owner)
+            self._router.keep(request_id, owner)
+            try:
+                # No timeout of our own: librdkafka settles it within `publish_timeout_s`, and
+                # giving up sooner would leave a request Kafka may still take.
+                await publisher.submit(record, lane)
+            except TidegateError:
+                self._router.drop(request_id)
+                await store.discard(request_id)
+                raise
         except BaseException:
             self._admission.release(request_id)
             raise
+        try:
+            await store.save(request_id, meta=_meta(record, prefs), owner=owner)
+        except StoreUnavailableError as exc:
+            # Kafka has it and the marker is there: only a retry of this id would be told it
+            # is in flight, until its result comes.
+            _log.warning("request %s is accepted, but still marked publishing: %s", request_id, exc)
 
     async def _call(
-        self, record: dict[str, Any], prefs: OutputPrefs, wait_s: float, owner: str | None
+        self,
+        record: dict[str, Any],
+        prefs: OutputPrefs,
+        wait_s: float,
+        owner: str | None,
+        lane: Lane = "realtime",
     ) -> dict[str, Any]:
         request_id = str(record["request_id"])
-        self._admission.admit(request_id)
+        # Refused at once while Kafka is unreachable: waiting could only end in a timeout.
+        self._services.publisher.check()
+        self._admission.admit(request_id, model=record["model"], wait_s=wait_s, lane=lane)
         reply = self._router.expect(request_id, owner)
         try:
-            ack = self._services.publisher.submit(record)
+            ack = self._services.publisher.submit(record, lane)
             deadline = _Deadline(reply, ack, wait_s, request_id)
             try:
                 return await reply
@@ -216,8 +351,13 @@ def _may_fetch(caller: Identity, owner: str | None) -> bool:
     return (owner is not None and caller.subject == owner) or caller.is_admin
 
 
-def _meta(record: dict[str, Any], prefs: OutputPrefs) -> dict[str, Any]:
-    return {"model": record["model"], "prefs": prefs.to_meta()}
+def _meta(
+    record: dict[str, Any], prefs: OutputPrefs, *, publishing: bool = False
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"model": record["model"], "prefs": prefs.to_meta()}
+    if publishing:
+        meta[_PUBLISHING] = True
+    return meta
 
 
 class _Deadline:
@@ -254,9 +394,12 @@ class _Deadline:
             self._end(self._timeout())
 
     def _timeout(self) -> ResultTimeoutError:
+        # The request's deadline is this wait (or earlier): a worker that reaches it later
+        # answers DEADLINE_EXCEEDED rather than compute it, unless it was computing already.
         return ResultTimeoutError(
-            f"no result for {self._request_id} within {self._wait_s}s; it stays retrievable at "
-            f"{call_record.location(self._request_id)}"
+            f"no result for {self._request_id} within {self._wait_s}s, its deadline: it will be "
+            "answered DEADLINE_EXCEEDED, unless a worker computed it just in time; the answer "
+            f"can be fetched at {call_record.location(self._request_id)}"
         )
 
     def _end(self, error: BaseException) -> None:

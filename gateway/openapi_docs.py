@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from tidegate.clients.producer import PublishError, RecordTooLargeError
 from tidegate.core.errors import (
     ArtifactError,
     AuthenticationError,
@@ -46,6 +47,8 @@ from tidegate.gateway import openapi_schemas as schemas
 from tidegate.gateway.audit_hooks import PERMISSION_KEY
 from tidegate.gateway.http_errors import (
     PayloadTooLargeError,
+    RequestIdTakenError,
+    RequestInFlightError,
     RequestNotFoundError,
     StoreUnavailableError,
     UnsupportedMediaTypeError,
@@ -119,6 +122,10 @@ _KINDS = {
                 *_V2_WAIT,
                 ModelExecutionError,
                 RateLimitedError,
+                RecordTooLargeError,
+                PublishError,
+                RequestIdTakenError,
+                RequestInFlightError,
             ),
             results=True,
         ),

@@ -91,6 +91,13 @@ COMPONENTS: dict[str, dict[str, Any]] = {
             "model_version": {"type": ["string", "null"]},
             "id": _STR,
             "outputs": {"type": "array", "items": _ref("V2OutputTensor")},
+            "parameters": {
+                "type": "object",
+                "description": "`cached`: true for an answer from the prediction cache; "
+                "`routing_rule`: `fallback:<reason>@<model>` for an answer of the model's "
+                "declared fallback.",
+                "properties": {"cached": {"type": "boolean"}, "routing_rule": _STR},
+            },
         },
     },
     "V2Pending": {

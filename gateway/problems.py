@@ -19,6 +19,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from tidegate.clients.producer import RecordTooLargeError
 from tidegate.core.errors import (
     ArtifactError,
     AuthenticationError,
@@ -41,6 +42,7 @@ from tidegate.core.errors import (
 from tidegate.gateway.http_errors import (
     PayloadTooLargeError,
     RequestIdTakenError,
+    RequestInFlightError,
     RequestNotFoundError,
     UnsupportedMediaTypeError,
 )
@@ -74,10 +76,14 @@ _ERROR_STATUS: tuple[tuple[type[TidegateError], int], ...] = (
     (ConcurrencyConflictError, 409),
     # A request id the caller chose is another caller's stored request.
     (RequestIdTakenError, 409),
+    # An asynchronous request of this id is still being published: retry to learn its fate.
+    (RequestInFlightError, 409),
     # Well-formed, but refused: a transition the state does not allow, a package that fails.
     (InvalidTransitionError, 422),
     (ArtifactError, 422),
     (PayloadTooLargeError, 413),
+    # The body fits, but its record does not fit a Kafka message.
+    (RecordTooLargeError, 413),
     (UnsupportedMediaTypeError, 415),
     (InvalidInputError, 400),
     (SerializationError, 400),
@@ -202,11 +208,17 @@ def error_problem(
     extensions: dict[str, Any] = {}
     if isinstance(error, ConcurrencyConflictError):
         extensions = {"expected_sequence": error.expected, "actual_sequence": error.actual}
-    if isinstance(error, RateLimitedError):
+    # Refusals that know when there is room again (a rate limit, shedding, an open breaker).
+    wait_s = getattr(error, "retry_after_s", None)
+    if wait_s is not None:
         # RFC 9110 Retry-After is whole seconds; rounding up never invites a retry that is early.
-        retry_after = max(1, math.ceil(error.retry_after_s))
+        retry_after = max(1, math.ceil(wait_s))
         headers = {**(headers or {}), "Retry-After": str(retry_after)}
         extensions = {"retry_after_s": retry_after}
+    if isinstance(error, RequestInFlightError):
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(error, RecordTooLargeError):
+        extensions = {"max_bytes": error.limit, "size_bytes": error.size}
     return problem(
         status_for_error(error),
         str(error) or type(error).__name__,

@@ -8,37 +8,90 @@ loop with `call_soon_threadsafe`, so the loop never blocks on Kafka.
 can wait for it and for the request's reply together. The record is encoded on the loop: a small
 request takes about 20 µs to encode, and a hop to a thread and back costs about 100 µs of CPU
 (docs/decisions/009).
+
+Every acknowledgement resolves within `GatewaySettings.publish_timeout_s` (librdkafka's
+`message.timeout.ms`): a failed one means Kafka does not have the request and librdkafka will
+not send it again. While no broker is reachable, `submit` refuses at once with `PublishError`
+(a 503) instead of queueing work that could only time out (docs/deadlines-and-faults.md). The
+producer learns it lost its brokers from librdkafka's `_ALL_BROKERS_DOWN` error and from
+deliveries that fail, and that they are back from its own statistics (`stats_cb`, every
+`kafka_probe_s`): a broker connection in state UP. librdkafka keeps reconnecting by itself
+(backoff capped at a second here), so nothing has to be sent to find out.
+
+A record larger than the Kafka message limit is refused before it is enqueued
+(`RecordTooLargeError`, a 413): the limit is `GatewaySettings.max_record_bytes`, lowered to fit
+the requests topic's `max.message.bytes` when that is smaller.
+
+A call's lane (docs/lanes.md) picks the topic: `realtime` the requests topic, `batch` the batch
+lane's. A gateway started where the batch topic does not exist (or its subject is not registered)
+still serves the real-time lane, and refuses batch calls with a 503 that names the topic: a
+produce to a missing topic would fail only after `publish_timeout_s`, and would mark Kafka down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
 
-from tidegate.clients.producer import PublishError, TidegateProducer
-from tidegate.core.errors import ConfigurationError
+from tidegate.clients.producer import (
+    Lane,
+    PublishError,
+    RecordTooLargeError,
+    TidegateProducer,
+    lane_topic,
+)
+from tidegate.core.errors import ConfigurationError, TidegateError
 from tidegate.core.kafka import make_admin
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.tracing import TRACING_OFF, Tracing
+from tidegate.gateway.gateway_settings import GatewaySettings
 
-__all__ = ["Ack", "KafkaPublisher", "RequestPublisher"]
+__all__ = ["Ack", "KafkaPublisher", "RequestPublisher", "record_limit"]
+
+_log = logging.getLogger(__name__)
 
 Ack = asyncio.Future[None]
 """Done when the broker has the request; failed with `PublishError` when it did not take it."""
 
+# What a one-record batch adds to the record on the broker (batch and record headers), and what
+# lz4 may add to incompressible data (1/255 of it): the topic's limit applies to that batch.
+_BATCH_OVERHEAD = 1024
+_LZ4_GROWTH = 128
+
+
+def record_limit(max_record_bytes: int, topic_max_message_bytes: int | None) -> int:
+    """The largest record to publish: the configured one, or less when the topic takes less."""
+    if topic_max_message_bytes is None:
+        return max_record_bytes
+    fits = topic_max_message_bytes - topic_max_message_bytes // _LZ4_GROWTH - _BATCH_OVERHEAD
+    return max(1000, min(max_record_bytes, fits))
+
 
 class RequestPublisher(ABC):
     @abstractmethod
-    def submit(self, record: dict[str, Any]) -> Ack:
-        """Enqueue the request now (on the loop); a record that cannot be enqueued raises."""
+    def submit(self, record: dict[str, Any], lane: Lane = "realtime") -> Ack:
+        """Enqueue the request on `lane` now (on the loop); a record that cannot be enqueued
+        raises."""
 
-    async def publish(self, record: dict[str, Any]) -> None:
+    async def publish(self, record: dict[str, Any], lane: Lane = "realtime") -> None:
         """Return once the broker has the request; `PublishError` if it does not take it."""
-        await self.submit(record)
+        await self.submit(record, lane)
+
+    def check(self) -> None:
+        """Raise `PublishError` at once while nothing could be delivered."""
+        if not self.connected:
+            raise PublishError("no Kafka broker is reachable; the request was not sent")
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect before the first publish."""
@@ -58,30 +111,53 @@ class KafkaPublisher(RequestPublisher):
         topics: TopicSettings,
         registry: SchemaRegistrySettings,
         *,
+        gateway: GatewaySettings | None = None,
         connect_timeout_s: float = 15.0,
         tracing: Tracing = TRACING_OFF,
     ) -> None:
         self._kafka = kafka
         self._topics = topics
+        self._registry = registry
+        self._settings = gateway or GatewaySettings()
         self._connect_timeout_s = connect_timeout_s
-        # With tracing on, each request is a `send` span under the call's, its context in the
-        # request's headers.
-        self._producer = TidegateProducer(
-            kafka, topics, registry, producer_extra={"error_cb": self._on_error}, tracing=tracing
-        )
+        self._tracing = tracing
+        self._producer: TidegateProducer | None = None
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
         self._connected = False
+        # Why a batch-lane call is refused; None while that lane is served.
+        self._no_batch: str | None = "the publisher is not started"
 
     @property
     def connected(self) -> bool:
         return self._connected
 
+    def _running(self) -> TidegateProducer:
+        if self._producer is None:
+            raise ConfigurationError("the gateway's publisher is not started")
+        return self._producer
+
+    def _down(self, why: str) -> None:
+        if self._connected:
+            _log.warning("Kafka is unreachable (%s): calls are refused until it is back", why)
+        self._connected = False
+
     def _on_error(self, error: KafkaError) -> None:
         # Called from the polling thread. Only losing every broker changes readiness: other
         # errors are transient and librdkafka retries them itself.
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
-            self._connected = False
+            self._down(error.str())
+
+    def _on_stats(self, raw: str) -> None:
+        # Called from the polling thread, every `kafka_probe_s`: any broker connection UP means
+        # requests can be delivered again. Losing them is left to `_on_error` and failed
+        # deliveries, which come sooner than the next statistics.
+        if self._connected:
+            return
+        brokers = json.loads(raw).get("brokers", {})
+        if any(broker.get("state") == "UP" for broker in brokers.values()):
+            _log.warning("Kafka is reachable again: calls are accepted")
+            self._connected = True
 
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
@@ -89,43 +165,101 @@ class KafkaPublisher(RequestPublisher):
         self._poller.start()
 
     def _start(self) -> None:
-        self._producer.start(self._connect_timeout_s)
         topic = self._topics.requests
-        meta = make_admin(self._kafka).list_topics(topic, timeout=self._connect_timeout_s)
+        admin = make_admin(self._kafka)
+        meta = admin.list_topics(topic, timeout=self._connect_timeout_s)
         found = meta.topics.get(topic)
         if found is None or found.error is not None:
             raise ConfigurationError(f"requests topic {topic!r} does not exist")
+        limit = record_limit(self._settings.max_record_bytes, self._topic_limit(admin, topic))
+        settings = self._settings
+        extra = {
+            "error_cb": self._on_error,
+            "stats_cb": self._on_stats,
+            "statistics.interval.ms": max(100, round(settings.kafka_probe_s * 1000)),
+            # Every publish resolves within the call's budget: acknowledged, or failed and
+            # never sent again (`delivery.timeout.ms` is the same option).
+            "message.timeout.ms": round(settings.publish_timeout_s * 1000),
+            "message.max.bytes": limit,
+            "batch.size": limit,
+            # librdkafka reconnects with a backoff growing to 10 s: after an outage the gateway
+            # would refuse calls that long after the brokers are back.
+            "reconnect.backoff.max.ms": 1000,
+        }
+        producer = TidegateProducer(
+            self._kafka, self._topics, self._registry, producer_extra=extra, tracing=self._tracing
+        )
+        producer.start(self._connect_timeout_s)
+        self._no_batch = self._batch_lane(admin, producer)
+        self._producer = producer
         self._connected = True
 
+    def _batch_lane(self, admin: AdminClient, producer: TidegateProducer) -> str | None:
+        """Why the batch lane cannot be served (None when it can); its subject is looked up now,
+        so a batch call never waits on the registry."""
+        topic = lane_topic(self._topics, "batch")
+        meta = admin.list_topics(topic, timeout=self._connect_timeout_s).topics.get(topic)
+        try:
+            if meta is None or meta.error is not None:
+                raise ConfigurationError(f"topic {topic!r} does not exist")
+            producer.schema_id("batch")
+        except TidegateError as exc:
+            _log.warning("batch-lane calls are refused: %s", exc)
+            return f"this gateway serves no batch lane: {exc}"
+        return None
+
+    def _topic_limit(self, admin: AdminClient, topic: str) -> int | None:
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            configs = admin.describe_configs([resource])[resource].result(self._connect_timeout_s)
+        except KafkaException as exc:
+            # A principal allowed to write but not to describe: the configured limit stands.
+            _log.warning("cannot read max.message.bytes of %s: %s", topic, exc)
+            return None
+        entry = configs.get("max.message.bytes")
+        return int(entry.value) if entry is not None and entry.value else None
+
     def _poll(self) -> None:
+        producer = self._running()
         while not self._stopping.is_set():
-            self._producer.poll(0.05)
+            producer.poll(0.05)
 
     async def stop(self) -> None:
         self._stopping.set()
         if self._poller is not None:
             await asyncio.to_thread(self._poller.join)
-        await asyncio.to_thread(self._producer.stop)
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.stop)
         self._connected = False
 
-    def submit(self, record: dict[str, Any]) -> Ack:
+    def submit(self, record: dict[str, Any], lane: Lane = "realtime") -> Ack:
+        self.check()
+        producer = self._running()
+        if lane == "batch" and self._no_batch is not None:
+            raise PublishError(self._no_batch)
         loop = asyncio.get_running_loop()
         acked: Ack = loop.create_future()
 
         def settle(_request_id: str, error: Exception | None) -> None:
             loop.call_soon_threadsafe(self._resolve, acked, error)
 
-        self._producer.publish_record(record, on_delivery=settle)
+        producer.publish_record(record, on_delivery=settle, lane=lane)
         return acked
 
     def _resolve(self, future: Ack, error: Exception | None) -> None:
         if error is None:
             self._connected = True
+        elif not isinstance(error, RecordTooLargeError):
+            # Timed out, or the brokers refused: the next calls would fare no better until the
+            # statistics show a broker back.
+            self._down(str(error))
         if future.done():
             return
         if error is None:
             future.set_result(None)
         else:
             future.set_exception(
-                error if isinstance(error, PublishError) else PublishError(str(error))
+                error
+                if isinstance(error, PublishError | RecordTooLargeError)
+                else PublishError(str(error))
             )

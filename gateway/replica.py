@@ -23,7 +23,7 @@ class GatewayRuntime:
             max_kept=settings.max_kept_results,
             tracer=services.tracing.tracer,
         )
-        self.admission = Admission(settings.max_in_flight)
+        self.admission = Admission(settings.max_in_flight, config.admission)
         self.router.listeners.append(self.admission.on_result)
         self.inference = Inference(settings, services, self.router, self.admission)
 

@@ -128,7 +128,21 @@ def v2_response(
         "id": result["request_id"],
         "outputs": outputs,
     }
+    # Said only when it is news, so a plain answer stays as small as V2 makes it.
+    rule = result.get("routing_rule")
+    if result.get("cached") or (rule is not None and rule.startswith("fallback:")):
+        body["parameters"] = _said(result)
     return body, parts
+
+
+def _said(result: Mapping[str, Any]) -> dict[str, Any]:
+    said: dict[str, Any] = {}
+    if result.get("cached"):
+        said["cached"] = True
+    rule = result.get("routing_rule")
+    if rule is not None and rule.startswith("fallback:"):
+        said["routing_rule"] = rule
+    return said
 
 
 def render_result(result: Mapping[str, Any], prefs: OutputPrefs, *, instance: str) -> Response:

@@ -17,6 +17,12 @@ clients exhaust a replica without sending a single request. So the gateway serve
 * one client address may hold at most `max_connections_per_client` open connections per process;
   more are answered 429 and closed at once, before their request is read.
 
+An inference call that admission control (`tidegate.gateway.admission`, found in the app's
+lifespan state) refuses now is answered here too, as soon as its headers are complete: a canned
+503 problem with `Retry-After`, on a connection that stays open, without authenticating it,
+routing it or reading its body (`tidegate.gateway.refusals`). Under overload refusals are most of
+the traffic, and each costs what parsing its headers costs.
+
 A request cut off after it began is answered 408 with a problem body and `Connection: close`,
 unless its response has already started; a connection that never sent a byte is just closed.
 The deadlines are timers on the event loop, armed and cancelled once per request: a normal call
@@ -39,7 +45,9 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tidegate.core.telemetry import get_logger
+from tidegate.gateway.admission import ADMISSION_STATE, BATCH, REALTIME, Admission
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.refusals import refusal_app
 
 __all__ = ["ConnectionLimits", "GatewayHttpProtocol", "guarded_protocol"]
 
@@ -52,6 +60,9 @@ class ConnectionLimits:
     body_timeout_s: float
     max_connections_per_client: int
     max_header_bytes: int = 64 * 1024
+    # A call's wait budget when it sends no Request-Timeout, and the most it may ask for.
+    default_wait_s: float = 10.0
+    max_wait_s: float = 120.0
 
     @classmethod
     def of(cls, settings: GatewaySettings) -> ConnectionLimits:
@@ -60,6 +71,8 @@ class ConnectionLimits:
             settings.body_timeout_s,
             settings.max_connections_per_client,
             settings.max_header_bytes,
+            min(settings.default_timeout_s, settings.max_timeout_s),
+            settings.max_timeout_s,
         )
 
 
@@ -105,8 +118,12 @@ _TOO_MANY = _problem(
 )
 
 
+_INFER_PREFIX = b"/v2/models/"
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with header and body deadlines and a per-client cap."""
+    """uvicorn's httptools protocol with header and body deadlines, a per-client cap, and
+    admission's refusals answered before the app runs."""
 
     limits: ClassVar[ConnectionLimits | None] = None
     # Open connections per client address, in this process (each class keeps its own).
@@ -201,11 +218,59 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
-        super().on_headers_complete()
+        refused = self._refusal()
+        if refused is None:
+            super().on_headers_complete()
+        else:
+            # This request's cycle runs the canned refusal instead of the app; the next one on
+            # the connection runs the app again. The unread body is discarded as it arrives.
+            app, self.app = self.app, refused
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
         # A pipelined request waits, unread, behind the one being answered: its body deadline
         # starts when it becomes the current one (on_response_complete).
         if not self.pipeline:
             self._arm(self._limits.body_timeout_s, _BODY_LATE, "body")
+
+    def _refusal(self) -> Any:
+        """A canned 503 for an inference call admission refuses now, else None. Costs a prefix
+        test for any other request, and a header scan and a few comparisons for an admitted one."""
+        url = self.url
+        if not url.startswith(_INFER_PREFIX):
+            return None
+        gate: Admission | None = self.app_state.get(ADMISSION_STATE)
+        if gate is None or self.parser.get_method() != b"POST":
+            return None
+        path = url.split(b"?", 1)[0]
+        if not path.endswith(b"/infer"):
+            return None
+        model = path[len(_INFER_PREFIX) :].split(b"/", 1)[0].decode("latin-1")
+        wait_s, lane = self._budget()
+        reason = gate.refusal(model, wait_s, lane)
+        if reason is None:
+            return None
+        known = gate.model_load(model) is not None
+        return refusal_app(model if known else None, reason, gate.retry_after_s(model))
+
+    def _budget(self) -> tuple[float | None, str]:
+        """The call's wait budget from `Request-Timeout` (None when it is not a positive number:
+        the app answers that with 400) and its lane from `Tidegate-Lane` (real-time unless it
+        says batch; a lane named only in the body's parameters is the app's to apply)."""
+        limits = self._limits
+        wait: float | None = limits.default_wait_s
+        lane = REALTIME
+        for name, value in self.headers:
+            if name == b"request-timeout":
+                try:
+                    given = float(value)
+                except ValueError:
+                    given = 0.0
+                wait = min(given, limits.max_wait_s) if given > 0 else None
+            elif name == b"tidegate-lane" and value.strip().lower() == b"batch":
+                lane = BATCH
+        return wait, lane
 
     def on_message_complete(self) -> None:
         self._disarm()

@@ -22,7 +22,7 @@ from tidegate.core.errors import ResultTimeoutError, TidegateError
 from tidegate.core.tracing import context_from_http
 from tidegate.gateway import http_metrics as metrics
 from tidegate.gateway.body import read_body
-from tidegate.gateway.call_record import REQUEST_TIMEOUT, location
+from tidegate.gateway.call_record import LANE, REQUEST_TIMEOUT, location
 from tidegate.gateway.identity import Identity
 from tidegate.gateway.infer import UNKNOWN_MODEL, InferCall, Inference, Outcome
 from tidegate.gateway.problems import error_problem
@@ -106,6 +106,7 @@ async def _infer(
             timeout=headers.get(REQUEST_TIMEOUT),
             respond_async=prefers_async(request),
             owner=identity.subject if identity is not None else None,
+            lane=headers.get(LANE),
         )
         outcome = await inference.infer(call)
     response = respond(outcome, request.url.path)

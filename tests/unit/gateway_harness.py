@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from tests.support import wait_for
 from tests.unit.agents.test_dataplane import lifecycle_state, registered
-from tidegate.clients.producer import PublishError
+from tidegate.clients.producer import Lane, PublishError
 from tidegate.gateway.app import create_app
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.authn import Authenticator
@@ -133,7 +133,7 @@ class FakeWorker(RequestPublisher):
     def connected(self) -> bool:
         return self.is_connected
 
-    def submit(self, record: dict[str, Any]) -> Ack:
+    def submit(self, record: dict[str, Any], lane: Lane = "realtime") -> Ack:
         self.loop = asyncio.get_running_loop()
         ack: Ack = self.loop.create_future()
         if self.fail:

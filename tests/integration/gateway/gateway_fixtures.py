@@ -37,13 +37,28 @@ from tidegate.schemas.catalog import MODEL_LIFECYCLE_EVENT
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.signature import Signature
 
-__all__ = ["GatewayServer", "fraud_body", "lifecycle", "served", "topic_env", "topics"]
+__all__ = [
+    "GatewayServer",
+    "fraud_body",
+    "gateway_topics",
+    "lifecycle",
+    "served",
+    "topic_env",
+    "topics",
+]
 
 
 @pytest.fixture
 def topics(
     new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
 ) -> TopicSettings:
+    return gateway_topics(new_topic, registry_settings)
+
+
+def gateway_topics(
+    new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
+) -> TopicSettings:
+    """The `topics` fixture's topics, for a module whose own `topics` adds to them."""
     settings = TopicSettings(
         requests=new_topic("it-gw-requests", 4),
         results=new_topic("it-gw-results", 4),

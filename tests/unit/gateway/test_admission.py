@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from confluent_kafka import KafkaError
 
 from tidegate.core.errors import OverloadedError
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.gateway.admission import Admission
+from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.publisher import KafkaPublisher
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_admission_sheds_past_the_limit() -> None:
@@ -24,13 +31,13 @@ def test_admission_sheds_past_the_limit() -> None:
     assert admission.in_flight == 2
 
 
-def test_asynchronous_slots_expire(monkeypatch: pytest.MonkeyPatch) -> None:
-    admission = Admission(1)
+def test_asynchronous_slots_expire() -> None:
+    clock = Clock()
+    admission = Admission(1, AdmissionSettings(probe=False), clock=clock)
     admission.admit("async", ttl_s=5)
     with pytest.raises(OverloadedError):
         admission.check()
-    later = time.monotonic() + 6
-    monkeypatch.setattr(time, "monotonic", lambda: later)
+    clock.now += 6
     admission.check()
     assert admission.in_flight == 0
 

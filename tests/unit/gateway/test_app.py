@@ -125,7 +125,9 @@ def test_sync_infer_json(client: TestClient, harness: Harness) -> None:
     assert record["request_id"] == "call-1"
     assert record["model_version"] is None, "routing happens in the worker"
     assert record["reply_to"] == {"topic": "replies", "partition": 3}
-    assert record["deadline"] is None
+    # The wait (the harness's default_timeout_s) is the request's deadline.
+    left = (record["deadline"] - record["created_at"]).total_seconds()
+    assert left == pytest.approx(5.0, abs=0.05)
 
 
 def test_a_call_answered_in_time_never_touches_the_result_store(
@@ -362,7 +364,9 @@ def test_async_flow(client: TestClient, harness: Harness) -> None:
     pending = client.get("/v2/requests/a-1")
     assert pending.status_code == 202
     assert pending.json()["status"] == "PENDING"
-    assert harness.store.calls[0] == ("save", "a-1"), "marked before it was published"
+    # Its id is the caller's: looked up first (a retry is not published twice), then marked
+    # before it was published.
+    assert harness.store.calls[:2] == [("get", "a-1"), ("save", "a-1")]
     harness.worker.release("a-1")
     done = fetched(client, "a-1")
     # The output preferences of the original call apply to the fetched result.

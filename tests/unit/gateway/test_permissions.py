@@ -57,6 +57,7 @@ TABLE: dict[tuple[str, str], Permission] = {
     ("POST", "/admin/models/{name}/pin"): P.DEPLOY,
     ("POST", "/admin/models/{name}/unpin"): P.DEPLOY,
     ("POST", "/admin/models/{name}/experiment"): P.DEPLOY,
+    ("POST", "/admin/models/{name}/fallback"): P.DEPLOY,
     ("POST", "/admin/models/{name}/retire"): P.ADMIN,
     ("GET", "/admin/dlq/messages"): P.ADMIN,
     ("GET", "/admin/dlq/messages/{topic}/{partition}/{offset}"): P.ADMIN,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tidegate.clients.producer import PublishError
+from tidegate.clients.producer import PublishError, RecordTooLargeError
 from tidegate.core.errors import (
     ArtifactError,
     ConcurrencyConflictError,
@@ -30,6 +30,7 @@ from tidegate.core.errors import (
 )
 from tidegate.gateway.http_errors import (
     PayloadTooLargeError,
+    RequestInFlightError,
     RequestNotFoundError,
     StoreUnavailableError,
     UnsupportedMediaTypeError,
@@ -51,6 +52,8 @@ from tidegate.gateway.problems import (
         (MalformedRequestError("x"), 400),
         (SchemaMismatchError("x"), 400),
         (PayloadTooLargeError("x"), 413),
+        (RecordTooLargeError(2_000_000, 1_000_000), 413),
+        (RequestInFlightError("r"), 409),
         (UnsupportedMediaTypeError("x"), 415),
         (ModelNotFoundError("x"), 404),
         (RequestNotFoundError("x"), 404),
@@ -137,6 +140,22 @@ def test_error_problem_members() -> None:
 def test_shedding_says_when_to_retry() -> None:
     response = error_problem(OverloadedError("busy"), instance="/v2/models/m/infer")
     assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert body_of(response)["retriable"] is True
+
+
+def test_a_record_too_large_for_kafka_names_the_limit() -> None:
+    response = error_problem(RecordTooLargeError(1_024_321, 1_000_000), instance="/v2/requests/r")
+    body = body_of(response)
+    assert response.status_code == 413
+    assert (body["code"], body["retriable"]) == ("RECORD_TOO_LARGE", False)
+    assert (body["max_bytes"], body["size_bytes"]) == (1_000_000, 1_024_321)
+    assert "1000000 bytes" in body["detail"]
+
+
+def test_a_request_in_flight_is_retried_later() -> None:
+    response = error_problem(RequestInFlightError("r"), instance="/v2/requests/r")
+    assert response.status_code == 409
     assert response.headers["retry-after"] == "1"
     assert body_of(response)["retriable"] is True
 

@@ -1,0 +1,260 @@
+"""Admission from measured load, on an injected clock: the service rate, the estimated queueing
+delay and the adaptive in-flight limit of `tidegate.gateway.load_estimate`, as `Admission` uses
+them, against a simulated single-queue server of known capacity."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import pytest
+
+from tidegate.core.errors import OverloadedError
+from tidegate.gateway.admission import BATCH, REALTIME, Admission
+from tidegate.gateway.admission_settings import AdmissionSettings
+from tidegate.gateway.load_estimate import KafkaBacklog
+
+SLO_S = 0.1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Server:
+    """One FIFO queue served at `capacity` calls/s: a call's result comes when the calls before
+    it are done and its own service time has passed."""
+
+    def __init__(self, admission: Admission, clock: Clock, capacity: float) -> None:
+        self.admission = admission
+        self.clock = clock
+        self.capacity = capacity
+        self.free_at = clock.now
+        self.due: list[tuple[float, str]] = []
+        self.latencies: list[float] = []
+        self.refused = 0
+        self.count = 0
+
+    def deliver(self) -> None:
+        while self.due and self.due[0][0] <= self.clock.now:
+            _, rid = heapq.heappop(self.due)
+            self.admission.on_result({"request_id": rid})
+
+    def offer(
+        self, rate: float, seconds: float, wait_s: float = 1.0, lane: str = REALTIME
+    ) -> tuple[int, int]:
+        """Calls at `rate`/s for `seconds`; (admitted, refused)."""
+        admitted = refused = 0
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.deliver()
+            rid = f"c{self.count}"
+            self.count += 1
+            try:
+                self.admission.admit(rid, model="m", wait_s=wait_s, lane=lane)
+            except OverloadedError:
+                refused += 1
+            else:
+                admitted += 1
+                self.free_at = max(self.free_at, self.clock.now) + 1 / self.capacity
+                heapq.heappush(self.due, (self.free_at, rid))
+                self.latencies.append(self.free_at - self.clock.now)
+            self.clock.now += 1 / rate
+        return admitted, refused
+
+    def idle(self, seconds: float) -> None:
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.deliver()
+            self.clock.now += 0.01
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.99 * (len(ordered) - 1))]
+
+
+def admission(clock: Clock, **settings: Any) -> Admission:
+    return Admission(
+        4096,
+        AdmissionSettings.model_validate({"slo_s": SLO_S, **settings, "probe": False}),
+        clock=clock,
+    )
+
+
+def test_at_three_times_capacity_accepted_calls_keep_the_slo_and_the_capacity_is_used() -> None:
+    clock = Clock()
+    server = Server(admission(clock), clock, capacity=250)
+    server.offer(250 * 3, seconds=2)  # the limit finds its level
+    server.latencies.clear()
+    admitted, refused = server.offer(250 * 3, seconds=20)
+    assert admitted / 20 >= 0.9 * 250, f"goodput {admitted / 20:.0f}/s of 250/s"
+    assert p99(server.latencies) <= SLO_S, f"p99 {p99(server.latencies) * 1000:.0f} ms"
+    assert refused > admitted  # two thirds of the offer cannot be served: it is refused
+
+
+def test_below_capacity_nothing_is_refused() -> None:
+    clock = Clock()
+    server = Server(admission(clock), clock, capacity=250)
+    admitted, refused = server.offer(200, seconds=10)
+    assert refused == 0
+    assert admitted >= 1990
+
+
+def test_the_limit_recovers_once_the_overload_ends() -> None:
+    clock = Clock()
+    adm = admission(clock)
+    server = Server(adm, clock, capacity=250)
+    server.offer(750, seconds=5)
+    squeezed = adm.model_load("m").limit  # type: ignore[union-attr]
+    server.idle(1)
+    _, refused = server.offer(200, seconds=5)
+    assert refused == 0, f"{refused} refused at 200/s after the overload"
+    assert squeezed < 64
+
+
+def test_a_call_whose_budget_the_queue_exceeds_is_refused_at_once() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=1000, slo_s=60)
+    server = Server(adm, clock, capacity=100)
+    # A slow model with a lax SLO: the queue grows, and so does the estimated delay.
+    server.offer(300, seconds=2, wait_s=30)
+    load = adm.model_load("m")
+    assert load is not None
+    assert load.delay_s(False) > 0.5
+    assert adm.refusal("m", wait_s=0.5) is not None
+    assert "estimated queueing delay" in (adm.refusal("m", wait_s=0.5) or "")
+    assert adm.refusal("m", wait_s=60) is None
+    assert adm.retry_after_s("m") >= 1
+
+
+def test_the_batch_lane_is_refused_first() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=10, min_limit=1, batch_share=0.5)
+    for i in range(5):
+        adm.admit(f"b{i}", model="m", wait_s=10, lane=BATCH)
+    with pytest.raises(OverloadedError, match="batch lane"):
+        adm.admit("b5", model="m", wait_s=10, lane=BATCH)
+    for i in range(5):
+        adm.admit(f"r{i}", model="m", wait_s=10, lane=REALTIME)
+    with pytest.raises(OverloadedError):
+        adm.admit("r5", model="m", wait_s=10)
+
+
+def test_the_batch_lane_waits_behind_real_time_and_gets_half_the_budget() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=1000, slo_s=60)
+    server = Server(adm, clock, capacity=100)
+    server.offer(150, seconds=2, wait_s=30)
+    load = adm.model_load("m")
+    assert load is not None
+    delay = load.delay_s(False)
+    assert load.delay_s(True) >= delay > 0
+    # Within the budget for a real-time call, over half of it for a batch one.
+    assert adm.refusal("m", wait_s=delay * 1.5) is None
+    assert adm.refusal("m", wait_s=delay * 1.5, lane=BATCH) is not None
+
+
+def test_calls_that_time_out_shrink_the_limit() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=32, min_limit=4)
+    limits = []
+    # Workers gone: nothing comes back, and every call leaves at its deadline.
+    for _ in range(6):
+        held: list[str] = []
+        while adm.refusal("m", wait_s=1) is None:
+            held.append(f"c{len(held)}-{clock.now}")
+            adm.admit(held[-1], model="m", wait_s=1)
+        clock.now += 1
+        for rid in held:
+            adm.release(rid)
+        clock.now += 0.2
+        adm.refusal("m")
+        load = adm.model_load("m")
+        assert load is not None
+        limits.append(load.limit)
+    assert limits == sorted(limits, reverse=True)
+    assert limits[-1] == 4  # min_limit: at most 4 calls are risked while nothing answers
+
+
+def test_a_late_event_loop_shrinks_the_limits_once_calls_crowd() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=32)
+    # One call in flight: a late loop is the host's stall, and cutting the limit would help no
+    # one (but leave it at its floor, refusing the next ordinary burst).
+    adm.admit("c", model="m", wait_s=1)
+    clock.now += 0.01
+    adm.on_result({"request_id": "c"})
+    adm.loop_lag.worst = 0.08  # the loop ran 80 ms late: the gateway itself is saturated
+    clock.now += 0.2
+    adm.refusal("m")
+    load = adm.model_load("m")
+    assert load is not None
+    assert load.limit == 32
+    # More calls in flight than the floor (16): the gateway is what they wait for.
+    for i in range(20):
+        adm.admit(f"c{i}", model="m", wait_s=1)
+    adm.loop_lag.worst = 0.08
+    clock.now += 0.2
+    adm.refusal("m")
+    assert load.limit < 32
+
+
+def test_slow_calls_far_below_the_limit_leave_it_alone_and_a_cut_limit_recovers() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=64)
+    load = None
+    for i in range(40):  # slow calls (a stalled host), never more than one in flight
+        adm.admit(f"s{i}", model="m", wait_s=5)
+        clock.now += 0.3
+        adm.on_result({"request_id": f"s{i}"})
+        load = adm.model_load("m")
+    assert load is not None
+    assert load.limit == 64
+    load.limit = 16.0  # as a real overload leaves it
+    for i in range(100):  # fast calls, one at a time: unused, the limit grows back
+        adm.admit(f"f{i}", model="m", wait_s=5)
+        clock.now += 0.1
+        adm.on_result({"request_id": f"f{i}"})
+        adm.refusal("m")
+    assert load.limit == 64
+
+
+def test_a_workers_backlog_refuses_a_call_it_would_delay_past_its_budget() -> None:
+    clock = Clock()
+    adm = admission(clock)
+    # Workers consuming 200/s, then a backlog of 1,000 from producers straight to Kafka.
+    adm.observe_kafka(lag=0, committed=0)
+    clock.now += 1
+    adm.observe_kafka(lag=0, committed=200)
+    clock.now += 0.5
+    adm.observe_kafka(lag=1000, committed=300)
+    assert adm.backlog.delay_s == pytest.approx(1000 / 200, rel=0.05)
+    assert adm.refusal("m", wait_s=1) is not None
+    assert adm.retry_after_s("m") == 5
+    # Drained: admitted again.
+    clock.now += 0.5
+    adm.observe_kafka(lag=10, committed=1390)
+    assert adm.refusal("m", wait_s=1) is None
+
+
+def test_backlog_capacity_outlives_an_idle_spell_and_small_lag_is_no_backlog() -> None:
+    backlog = KafkaBacklog(lag_floor=64)
+    backlog.observe(0, 0, 0.0)
+    backlog.observe(0, 500, 1.0)  # 500/s
+    backlog.observe(0, 500, 6.0)  # idle for 5 s
+    backlog.observe(1000, 500, 6.5)  # a burst arrives before any is committed
+    assert 1.0 < backlog.delay_s < 4.0  # read as 1,000 at the remembered capacity, not stalled
+    backlog.observe(50, 1450, 7.5)
+    assert backlog.delay_s == 0.0
+
+
+def test_a_backlog_without_any_consumption_seen_refuses_nothing() -> None:
+    backlog = KafkaBacklog(lag_floor=0)
+    backlog.observe(5000, 0, 0.0)
+    backlog.observe(5000, 0, 1.0)
+    assert backlog.delay_s == 0.0

@@ -1,0 +1,91 @@
+"""The gateway's publisher without a broker: the record size limit, and how it learns that Kafka
+is unreachable and back (readiness, and the 503 at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+from tidegate.clients.producer import PublishError, RecordTooLargeError, TidegateProducer
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.gateway.publisher import KafkaPublisher, record_limit
+
+
+def publisher() -> KafkaPublisher:
+    return KafkaPublisher(KafkaSettings(), TopicSettings(), SchemaRegistrySettings())
+
+
+def stats(*states: str) -> str:
+    brokers = {f"127.0.0.1:9092/{i}": {"state": state} for i, state in enumerate(states)}
+    return json.dumps({"brokers": brokers})
+
+
+def test_the_topic_lowers_the_limit_with_room_for_the_batch() -> None:
+    assert record_limit(1_000_000, None) == 1_000_000
+    # Kafka's default max.message.bytes leaves the producer's default alone.
+    assert record_limit(1_000_000, 1_048_588) == 1_000_000
+    small = record_limit(1_000_000, 100_000)
+    assert 95_000 < small < 100_000
+
+
+def test_unreachable_on_all_brokers_down_and_back_once_a_broker_is_up() -> None:
+    pub = publisher()
+    pub._connected = True
+    pub._on_error(KafkaError(KafkaError._TRANSPORT))
+    assert pub.connected, "one broker's connection failing is not an outage"
+    pub._on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+    assert not pub.connected
+    with pytest.raises(PublishError, match="no Kafka broker is reachable"):
+        pub.check()
+    pub._on_stats(stats("DOWN", "CONNECT"))
+    assert not pub.connected
+    pub._on_stats(stats("DOWN", "UP"))
+    assert pub.connected
+    pub.check()
+
+
+async def test_a_failed_delivery_marks_kafka_unreachable_but_a_large_record_does_not() -> None:
+    pub = publisher()
+    pub._connected = True
+    loop = asyncio.get_running_loop()
+    too_large: asyncio.Future[None] = loop.create_future()
+    pub._resolve(too_large, RecordTooLargeError(None, 1000))
+    assert pub.connected
+    assert isinstance(too_large.exception(), RecordTooLargeError)
+    timed_out: asyncio.Future[None] = loop.create_future()
+    pub._resolve(timed_out, PublishError("Local: Message timed out"))
+    assert not pub.connected
+    assert isinstance(timed_out.exception(), PublishError)
+    delivered: asyncio.Future[None] = loop.create_future()
+    pub._resolve(delivered, None)
+    assert pub.connected
+
+
+class _Encoder:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def encode(self, record: Any, schema_id: int) -> bytes:
+        return b"\0" * self.size
+
+
+@pytest.mark.parametrize(("size", "refused"), [(1_500, False), (2_100, True)])
+def test_a_record_over_the_limit_is_refused_before_it_is_enqueued(size: int, refused: bool) -> None:
+    extra = {"message.max.bytes": 2_000, "batch.size": 2_000}
+    producer = TidegateProducer(producer_extra=extra)
+    # Enqueueing needs no broker: librdkafka checks sizes when a message is produced.
+    local = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, **extra})
+    producer._producer = local
+    producer._encoder = _Encoder(size)  # type: ignore[assignment]
+    record = {"request_id": "r-1", "routing_key": None}
+    if not refused:
+        producer.publish_record(record)
+        return
+    with pytest.raises(RecordTooLargeError) as exc:
+        producer.publish_record(record)
+    assert (exc.value.size, exc.value.limit) == (size + len(b"r-1"), 2_000)
+    assert "2000 bytes" in str(exc.value)
