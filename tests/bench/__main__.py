@@ -2,8 +2,8 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`) runs one
-part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
+`takeover`, `overload`, `refusal`, `lanes`) runs one part.
 """
 
 from __future__ import annotations
@@ -15,9 +15,13 @@ from tests.bench import (
     codec,
     failure_cost,
     faust_vs_confluent,
+    lanes,
     lifecycle,
+    overload,
     pipeline,
     profile,
+    refusal_cost,
+    takeover,
     tracing_cost,
     versus,
 )
@@ -32,6 +36,10 @@ PARTS = {
     "tracing": tracing_cost.run,
     "failures": failure_cost.run,
     "auth": auth_cost.run,
+    "takeover": takeover.run,
+    "overload": overload.run,
+    "refusal": refusal_cost.run,
+    "lanes": lanes.run,
 }
 
 

@@ -225,7 +225,12 @@ def test_request_past_its_deadline_is_not_computed(pipeline: Pipeline) -> None:
     assert found["timings"]["compute_ms"] == 0.0
 
 
-def test_sync_timeout_answers_504_and_the_result_is_fetched_later(pipeline: Pipeline) -> None:
+def test_sync_timeout_answers_504_and_the_late_answer_is_deadline_exceeded(
+    pipeline: Pipeline,
+) -> None:
+    """`Request-Timeout` is the request's deadline too: the workers answer the request that
+    timed out DEADLINE_EXCEEDED instead of computing it for a caller who left, and that answer
+    is what a fetch by id finds."""
     body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 64],
                         "data": [0.5] * 64}]}  # fmt: skip
     resp = httpx.post(
@@ -241,11 +246,13 @@ def test_sync_timeout_answers_504_and_the_result_is_fetched_later(pipeline: Pipe
 
     def fetched() -> httpx.Response | None:
         later = httpx.get(f"{pipeline.base_url}/v2/requests/{request_id}", timeout=10)
-        return later if later.status_code == 200 else None
+        return later if later.status_code != 202 else None  # 202: still pending
 
-    later = wait_for(fetched, timeout=60, what="the late result")
-    assert later.json()["id"] == request_id
-    assert len(later.json()["outputs"][0]["data"]) == 2
+    later = wait_for(fetched, timeout=60, what="the late answer")
+    assert later.status_code == 504, later.text
+    assert later.headers["content-type"].startswith("application/problem+json")
+    assert later.json()["code"] == "DEADLINE_EXCEEDED"
+    assert later.json()["request_id"] == request_id
 
 
 def test_async_flow(pipeline: Pipeline) -> None:
