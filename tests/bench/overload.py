@@ -4,7 +4,8 @@
 requests, results and replies topics of this run's own (and a worker group of its own), so that
 nothing else on the stack is read or disturbed. `fraud`, open loop:
 
-1. the highest sustained HTTP rate: rising steps of `STEP_S`, sustained while p99 <= 100 ms with
+1. the highest sustained HTTP rate: rising steps of `STEP_S` (one over the bar is tried once
+   more), sustained while p99 <= 100 ms with
    nothing failed or refused;
 2. 3x that rate over HTTP for `TIDEGATE_BENCH_OVERLOAD_S` seconds (60 by default) with
    `Request-Timeout: 1`: goodput (answers within the 100 ms SLO per second, against the sustained
@@ -88,16 +89,21 @@ def _sweep(
     best = kept = 0.0
     missed = False
     for rate in rates:
-        result = attempt(float(rate))
-        kept_up = not result.lost and result.throughput >= 0.95 * rate
+        # A step over the bar is tried once more: on a shared 2-core host one stall of a
+        # few hundred ms in a 6 s step decides its p99, and ended a whole sweep at its first step.
+        for _ in range(2):
+            result = attempt(float(rate))
+            kept_up = not result.lost and result.throughput >= 0.95 * rate
+            ok = not result.lost and not result.errors and result.p(0.99) <= SLO_S * 1000
+            print(
+                f"  {name:<6} {rate:>6}/s  p50 {result.p(0.5):7.1f} ms"
+                f"  p99 {result.p(0.99):7.1f} ms  lost {result.lost}  errors {result.errors}"
+                f" {dict(result.statuses)}  {'ok' if ok else 'over the bar'}"
+            )
+            if ok:
+                break
         if kept_up:
             kept = float(rate)
-        ok = not result.lost and not result.errors and result.p(0.99) <= SLO_S * 1000
-        print(
-            f"  {name:<6} {rate:>6}/s  p50 {result.p(0.5):7.1f} ms  p99 {result.p(0.99):7.1f} ms"
-            f"  lost {result.lost}  errors {result.errors} {dict(result.statuses)}"
-            f"  {'ok' if ok else 'over the bar'}"
-        )
         missed = missed or not ok
         if not missed:
             best = float(rate)
