@@ -74,6 +74,9 @@ class Admission:
         self._models: dict[str, ModelLoad] = {}
         self._next_tick = 0.0
         self.loop_lag = LoopLag(LOOP_CHECK_S)
+        # Models whose refused calls may go to a declared fallback instead: the HTTP protocol
+        # leaves their calls to the app, which can divert them (`tidegate.gateway.infer`).
+        self.diverts: Callable[[str], bool] = lambda _model: False
         self.configure(settings or AdmissionSettings())
 
     def configure(self, settings: AdmissionSettings) -> None:
@@ -187,6 +190,9 @@ class Admission:
     def _tick(self, now: float) -> None:
         s = self._settings
         self._next_tick = now + s.tick_s
+        # An asynchronous call whose result never came leaves at its expiry, whatever the load:
+        # else its model's slots could fill with calls that will never end. Once per tick.
+        self._prune(now)
         saturated = self.loop_lag.take() > _LOOP_SHARE * s.slo_s
         for model, load in self._models.items():
             load.tick(now, s.slo_s, s.slo_miss_ratio, saturated)

@@ -54,6 +54,7 @@ from tidegate.gateway.publisher import Ack
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.responses import OutputPrefs
 from tidegate.schemas.requests import fallback_allowed
+from tidegate.schemas.signature import validate_inputs
 from tidegate.schemas.v2 import input_records, parse_request
 from tidegate.schemas.v2_binary import split_body
 
@@ -157,7 +158,6 @@ class Inference:
             )
             prefs = OutputPrefs.from_request(v2)
             if call.respond_async:
-                record = await self._divert(record, None, lane)
                 await self._submit(record, prefs, call.owner, chosen=bool(v2.id), lane=lane)
                 return Outcome(request_id, model, version, prefs=prefs, accepted=True)
             result = await self._cached(record)
@@ -189,10 +189,14 @@ class Inference:
         model = str(record["model"])
         health = self._services.health
         broken = health is not None and health.suspect(model)
-        crowded = wait_s is not None and self._admission.refusal(model, wait_s, lane) is not None
+        catalog = self._services.catalog
+        crowded = (
+            wait_s is not None
+            and self._admission.refusal(model, wait_s, lane) is not None
+            and catalog.has_fallback(model)  # else `admit` refuses it, with its reason
+        )
         if not (broken or crowded):
             return record
-        catalog = self._services.catalog
         servable, fallback = await catalog.routes(model, record.get("model_version"))
         reopens = health.refusing(model, servable) if health is not None and broken else None
         if reopens is None and not crowded:
@@ -203,7 +207,7 @@ class Inference:
             and fallback != model
             and record.get("model_version") is None
             and fallback_allowed(record.get("parameters"))
-            and await self._takes(fallback, wait_s, lane)
+            and await self._takes(fallback, record, wait_s, lane)
         ):
             http_metrics.FALLBACKS.labels(model, fallback, reason).inc()
             return call_record.divert(record, fallback, reason)
@@ -215,15 +219,25 @@ class Inference:
             )
         return record
 
-    async def _takes(self, fallback: str, wait_s: float | None, lane: Lane) -> bool:
-        """Whether the fallback model could serve a diverted call now."""
+    async def _takes(
+        self, fallback: str, record: dict[str, Any], wait_s: float | None, lane: Lane
+    ) -> bool:
+        """Whether the fallback model could serve this call now: it is served, has room, its
+        breakers let calls through, and its signature takes the call's inputs and outputs (a
+        call the fallback would reject is better refused, retriable, than answered invalid)."""
         if wait_s is not None and self._admission.refusal(fallback, wait_s, lane) is not None:
             return False
         health = self._services.health
+        catalog = self._services.catalog
         try:
-            servable, _ = await self._services.catalog.routes(fallback, None)
+            servable, _ = await catalog.routes(fallback, None)
+            signature = await catalog.signature(fallback)
+            validate_inputs(signature, record["inputs"])
         except TidegateError:
-            return False  # not served (any more)
+            return False  # not served (any more), or another signature
+        known = {spec.name for spec in signature.outputs}
+        if not known.issuperset(record.get("outputs") or ()):
+            return False
         return health is None or health.refusing(fallback, servable) is None
 
     async def _submit(
@@ -244,6 +258,7 @@ class Inference:
         try:
             if chosen and await self._accepted_before(request_id, owner):
                 return
+            record = await self._divert(record, None, lane)
             await self._publish_kept(record, prefs, owner, lane)
         finally:
             self._submitting.discard(request_id)

@@ -52,6 +52,7 @@ class ModelLoad:
     """One model's calls in this replica, its service rate and in-flight limit."""
 
     __slots__ = (
+        "answered",
         "batch",
         "done",
         "initial",
@@ -59,6 +60,7 @@ class ModelLoad:
         "last_tick",
         "late",
         "limit",
+        "lost",
         "max_limit",
         "min_limit",
         "peak",
@@ -73,6 +75,7 @@ class ModelLoad:
         self.batch = 0
         self.done = 0
         self.slow = 0
+        self.lost = 0
         self.peak = 0
         self.rate = 0.0
         self.min_limit = float(min_limit)
@@ -83,6 +86,7 @@ class ModelLoad:
         # Calls seen and late since the SLO was last judged, and when it was.
         self.seen = 0
         self.late = 0
+        self.answered = 0
         self.judged_at = now
 
     @property
@@ -110,9 +114,9 @@ class ModelLoad:
                 self.slow += 1
 
     def timed_out(self) -> None:
-        """A call left without its result, after the SLO: the latency was at least that."""
-        self.slow += 1
-        self.done += 1
+        """A call left without its result, after the SLO: the latency was at least that. It is
+        judged as a slow call, but it is no completion: the service rate does not count it."""
+        self.lost += 1
 
     def tick(self, now: float, slo_s: float, miss_ratio: float, saturated: bool = False) -> None:
         """Bring the rate and the limit up to date; `saturated`: the gateway's own event loop
@@ -122,9 +126,10 @@ class ModelLoad:
             return
         alpha = 1.0 - math.exp(-dt / _RATE_WINDOW_S)
         self.rate += alpha * (self.done / dt - self.rate)
-        self.seen += self.done
-        self.late += self.slow
-        self.done = self.slow = 0
+        self.answered += self.done
+        self.seen += self.done + self.lost
+        self.late += self.slow + self.lost
+        self.done = self.slow = self.lost = 0
         self.last_tick = now
         ready = self.seen >= _JUDGE_CALLS or (self.seen and now - self.judged_at >= _JUDGE_S)
         if not (saturated or ready):
@@ -133,22 +138,24 @@ class ModelLoad:
         # with them (a host stall, a model load): cutting the limit would not speed them up, and
         # on a busy host it would pin the limit at its floor and refuse ordinary bursts.
         # A late event loop (calls unread in the socket, which no latency shows) cuts the limit
-        # once there is concurrency to cut: more calls in flight than the floor.
+        # once there is concurrency to cut: at least as many calls in flight as the floor.
         binding = self.peak >= _BINDING * self.limit
-        cut = (saturated and self.peak >= self.min_limit) or (
-            binding and self.late > miss_ratio * self.seen
-        )
+        fitting = self.late <= miss_ratio * self.seen
+        cut = (saturated and self.peak >= self.min_limit) or (binding and not fitting)
         if cut:
             # Little's law may cut at most by half a tick: the rate lags a sudden load by ~1 s.
             little = max(self.rate * _AIM * slo_s, self.limit / 2)
             self.limit = max(self.min_limit, min(self.limit * _DECREASE, little))
-        elif self.peak >= 0.8 * self.limit:
+        elif not (ready and self.answered):
+            pass  # a judgement with nothing back raises no limit
+        elif fitting and self.peak >= 0.8 * self.limit:
             # Nearly used and fitting: probe upwards.
             self.limit = min(self.max_limit, self.limit + max(1.0, self.limit * _INCREASE))
         elif not binding and self.limit < self.initial:
-            # Left far from used after a cut: the overload is over, back towards the start.
+            # Left far from used after a cut (slow or not, its calls were not slowed by it): the
+            # overload is over, back towards the start.
             self.limit = min(self.initial, self.limit * _RECOVER)
-        self.seen = self.late = 0
+        self.seen = self.late = self.answered = 0
         self.judged_at = now
         self.peak = self.realtime + self.batch
 

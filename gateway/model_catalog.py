@@ -100,6 +100,11 @@ class ModelCatalog:
         servable = frozenset(v.version for v in state.versions if v.servable)
         return servable, state.fallback_model
 
+    def has_fallback(self, name: str) -> bool:
+        """Whether the model declares a fallback model, as the feed has it now (no wait)."""
+        state = self._lifecycle.state(name)
+        return state is not None and state.fallback_model is not None
+
     async def check_ready(self, name: str, version: str | None = None) -> None:
         """Return when a worker has the version (or the primary) loaded and warm; otherwise
         `ModelUnavailableError` (or `ModelNotFoundError` when it is not served at all)."""

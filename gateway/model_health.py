@@ -97,8 +97,10 @@ class ModelHealth:
         self._poll_s = poll_s
         # (model, version) -> worker id -> its latest record; replaced whole, read without a lock.
         self._records: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-        # Models with a version some worker reported open: the only ones worth a closer look.
-        self._suspects: frozenset[str] = frozenset()
+        # Models with a version some worker reported open, and when the last such open period
+        # ends (ms): only they are worth a closer look, and only until then (a worker killed
+        # with its breaker open leaves its record behind).
+        self._suspects: dict[str, float] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,7 +120,7 @@ class ModelHealth:
     def suspect(self, model: str) -> bool:
         """Whether some worker reported a version of `model` open (O(1), for every call): only
         then can `all_open` hold."""
-        return model in self._suspects
+        return self._suspects.get(model, 0.0) > self._clock() * 1000
 
     def state(self, model: str, version: str) -> str:
         workers = self._records.get((model, version), {})
@@ -201,8 +203,9 @@ class ModelHealth:
         records = dict(self._records)
         records[(model, version)] = workers
         self._records = records
-        self._suspects = frozenset(
-            m
-            for (m, _), found in records.items()
-            if any(r["state"] == OPEN for r in found.values())
-        )
+        suspects: dict[str, float] = {}
+        for (m, _), found in records.items():
+            for r in found.values():
+                if r["state"] == OPEN:
+                    suspects[m] = max(suspects.get(m, 0.0), _ms(r.get("open_until")))
+        self._suspects = suspects

@@ -25,6 +25,7 @@ class GatewayRuntime:
         )
         self.admission = Admission(settings.max_in_flight, config.admission)
         self.router.listeners.append(self.admission.on_result)
+        self.admission.diverts = services.catalog.has_fallback
         self.inference = Inference(settings, services, self.router, self.admission)
 
     async def start(self) -> None:

@@ -249,7 +249,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         model = path[len(_INFER_PREFIX) :].split(b"/", 1)[0].decode("latin-1")
         wait_s, lane = self._budget()
         reason = gate.refusal(model, wait_s, lane)
-        if reason is None:
+        if reason is None or gate.diverts(model):
             return None
         known = gate.model_load(model) is not None
         return refusal_app(model if known else None, reason, gate.retry_after_s(model))

@@ -29,6 +29,7 @@ from tidegate.core.settings import (
 from tidegate.gateway.app import create_app
 from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
 from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.slow_clients import ConnectionLimits, guarded_protocol
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
@@ -39,6 +40,7 @@ from tidegate.schemas.signature import Signature
 
 __all__ = [
     "GatewayServer",
+    "ProtocolGateway",
     "fraud_body",
     "gateway_topics",
     "lifecycle",
@@ -169,3 +171,22 @@ class GatewayServer:
         self._server.should_exit = True
         self._thread.join(timeout=20)
         self._sock.close()
+
+
+class ProtocolGateway(GatewayServer):
+    """A replica served with the gateway's own HTTP protocol (admission refuses there), as
+    `tidegate gateway` serves it."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        super().__init__(config)
+        protocol = guarded_protocol(ConnectionLimits.of(config.gateway))
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                http=protocol,
+                log_config=None,
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+            )
+        )
+        self._thread = threading.Thread(target=self._server.run, args=([self._sock],), daemon=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.integration.fakes import FakeWorker
 from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import (
     GatewayServer,
+    ProtocolGateway,
     fraud_body,
     gateway_topics,
     served,
@@ -36,6 +38,7 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
@@ -158,7 +161,7 @@ def test_open_breakers_send_calls_to_the_fallback_or_refuse_them_at_once(
             body: dict[str, Any] = resp.json()
             return body if body["model_name"] == "fraud-lite" else None
 
-        answer = wait_for(diverted, timeout=20, what="a call answered by the fallback")
+        wait_for(diverted, timeout=20, what="a call answered by the fallback")
         # Marked for the worker, whose result then names the rule (tests/unit/agents/
         # test_dataplane.py; this fake worker does not route).
         assert worker.seen[-1]["model"] == "fraud-lite"
@@ -228,4 +231,39 @@ def test_a_cached_prediction_answers_without_publishing(
         if key is not None:
             redis.delete(key)
         redis.close()
+        server.stop()
+
+
+def test_a_call_over_its_models_limit_goes_to_the_fallback_past_the_protocol(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+    with_fallback: None,
+    worker: FakeWorker,
+) -> None:
+    # fraud takes 2 calls at a time here; the protocol would refuse a third before the app
+    # reads it, but fraud declares a fallback, so the call goes through to be diverted.
+    admission = AdmissionSettings(probe=False, initial_limit=2, min_limit=1)
+    server = ProtocolGateway(
+        config(kafka_settings, topics, registry_settings, admission=admission)
+    ).start()
+    slow = fraud_body(parameters={"fake_delay_s": 3.0})
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = [
+                pool.submit(server.http.post, "/v2/models/fraud/infer", json=slow) for _ in "ab"
+            ]
+            wait_for(lambda: len(worker.seen) >= 2, timeout=10, what="2 slow calls in flight")
+            third = server.http.post("/v2/models/fraud/infer", json=fraud_body())
+            assert third.status_code == 200, third.text
+            assert third.json()["model_name"] == "fraud-lite"
+            assert worker.seen[-1]["parameters"][FALLBACK_OF] == "overloaded@fraud"
+            # A caller who allows no fallback is refused by admission, with its reason.
+            refused = server.http.post(
+                "/v2/models/fraud/infer", json=fraud_body(parameters={"fallback": False})
+            )
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["code"] == "OVERLOADED"
+            assert [f.result().status_code for f in held] == [200, 200]
+    finally:
         server.stop()

@@ -17,14 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.integration.fakes import FakeWorker
 from tests.integration.gateway import gateway_fixtures
-from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
+from tests.integration.gateway.gateway_fixtures import GatewayServer, ProtocolGateway, fraud_body
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
@@ -32,7 +31,6 @@ from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.slow_clients import ConnectionLimits, guarded_protocol
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroEncoder
 from tidegate.schemas.requests import build_request, request_key
@@ -84,24 +82,6 @@ class SlowWorker(FakeWorker):
                 done = TopicPartition(str(msg.topic()), int(msg.partition() or 0), offset)
                 self._consumer.commit(offsets=[done], asynchronous=True)
             self._producer.poll(0)
-
-
-class ProtocolGateway(GatewayServer):
-    """A replica served with the gateway's own HTTP protocol (admission refuses there)."""
-
-    def __init__(self, config: GatewayConfig) -> None:
-        super().__init__(config)
-        protocol = guarded_protocol(ConnectionLimits.of(config.gateway))
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                http=protocol,
-                log_config=None,
-                lifespan="on",
-                timeout_graceful_shutdown=5,
-            )
-        )
-        self._thread = threading.Thread(target=self._server.run, args=([self._sock],), daemon=True)
 
 
 @pytest.fixture

@@ -258,3 +258,32 @@ def test_a_backlog_without_any_consumption_seen_refuses_nothing() -> None:
     backlog.observe(5000, 0, 0.0)
     backlog.observe(5000, 0, 1.0)
     assert backlog.delay_s == 0.0
+
+
+def test_an_async_call_whose_result_never_comes_leaves_at_its_expiry_under_any_load() -> None:
+    clock = Clock()
+    adm = admission(clock, initial_limit=2, min_limit=1)
+    adm.admit("a1", ttl_s=5, model="m")
+    adm.admit("a2", ttl_s=5, model="m")
+    assert adm.refusal("m") is not None  # the model's 2 slots are taken
+    clock.now += 6  # both expired, with 2 of 4,096 replica slots used
+    assert adm.refusal("m") is None
+    load = adm.model_load("m")
+    assert load is not None
+    assert (adm.in_flight, load.in_flight) == (0, 0)
+
+
+def test_calls_that_time_out_are_slow_but_no_service_rate() -> None:
+    clock = Clock()
+    adm = admission(clock)
+    for i in range(30):
+        adm.admit(f"t{i}", model="m", wait_s=1)
+    clock.now += 1.0
+    for i in range(30):
+        adm.release(f"t{i}")  # left without a result, after the SLO
+    clock.now += 0.2
+    adm.refusal("m")
+    load = adm.model_load("m")
+    assert load is not None
+    assert load.rate == 0.0  # nothing was served
+    assert load.delay_s(False) == 0.0

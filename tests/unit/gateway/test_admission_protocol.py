@@ -134,3 +134,12 @@ def test_the_batch_lane_is_refused_first_at_the_protocol() -> None:
         assert http.post("/v2/models/fraud/infer").is_success
         assert http.post("/v2/models/fraud/infer", headers={"Tidegate-Lane": "realtime"}).is_success
     assert len(app.calls) == 2
+
+
+def test_a_model_with_a_fallback_is_left_to_the_app_which_may_divert_it() -> None:
+    admission = full_admission(2)
+    admission.diverts = lambda model: model == "fraud"
+    app = App(admission)
+    with serving(app) as http:
+        assert http.post("/v2/models/fraud/infer").status_code == 200
+    assert app.calls == ["/v2/models/fraud/infer"]

@@ -164,3 +164,32 @@ def test_a_cached_answer_skips_kafka_and_says_so(harness: Harness) -> None:
     assert answer["model_version"] == "1"
     assert answer["outputs"][0]["data"] == [0.5, 0.25]
     assert answer["parameters"]["cached"] is True
+
+
+def test_a_fallback_that_would_reject_the_inputs_is_not_taken(
+    client: TestClient, harness: Harness, breakers: Breakers
+) -> None:
+    harness.lifecycle.states["fraud"] = lifecycle_state(
+        "fraud",
+        *registered("1", signature_json=FRAUD_JSON),
+        ev.Promoted("1"),
+        ev.FallbackSet("echo", reason="another signature"),
+    )
+    breakers.open["fraud"] = 2.0
+    problem = problem_of(client.post("/v2/models/fraud/infer", json=features()), 503)
+    assert problem["code"] == "UNAVAILABLE"  # retriable, not echo's INVALID_INPUT
+    assert harness.worker.published == []
+
+
+def test_a_retried_async_call_already_accepted_is_202_while_the_breakers_are_open(
+    client: TestClient, harness: Harness, breakers: Breakers
+) -> None:
+    body = features(id="retry-1", parameters={"fallback": False})
+    headers = {"Prefer": "respond-async"}
+    assert client.post("/v2/models/fraud/infer", json=body, headers=headers).status_code == 202
+    breakers.open["fraud"] = 5.0
+    again = client.post("/v2/models/fraud/infer", json=body, headers=headers)
+    assert again.status_code == 202, again.text
+    assert len(harness.worker.published) == 1
+    other = features(id="retry-2", parameters={"fallback": False})
+    assert client.post("/v2/models/fraud/infer", json=other, headers=headers).status_code == 503

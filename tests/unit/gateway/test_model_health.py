@@ -74,3 +74,20 @@ def test_records_per_worker_are_kept_and_tombstones_forget_them() -> None:
     assert reader.state("fraud", "1") == "closed"
     reader._apply(b"not-a-key", b"a")  # ignored
     assert reader.state("other", "1") == "closed"
+
+
+def test_a_model_is_suspect_only_while_an_open_period_lasts() -> None:
+    reader, decoded = health()
+    assert not reader.suspect("fraud")
+    decoded.records[b"open"] = record("open", NOW_MS + 3000)
+    decoded.records[b"over"] = record("open", NOW_MS - 1)  # a killed worker's last record
+    reader._apply(b"fraud/1/w1", b"over")
+    assert not reader.suspect("fraud")  # probes are due: nothing the gateway may refuse
+    assert reader.refusing("fraud", ["1"]) is None
+    reader._apply(b"fraud/1/w2", b"open")
+    assert reader.suspect("fraud")
+    assert not reader.suspect("other")
+    reader._apply(b"fraud/1/w1", None)  # only w2's open record is left
+    assert reader.refusing("fraud", ["1"]) == 3.0
+    reader._apply(b"fraud/1/w2", None)
+    assert not reader.suspect("fraud")
