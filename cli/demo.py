@@ -161,6 +161,9 @@ def demo(
                                     count=count,
                                     progress=advance,
                                     headers=infer_headers,
+                                    # As a client should: admission may shed a call when this
+                                    # host stalls (docs/overload.md); it is retried, and shown.
+                                    retry_shed=3,
                                 )
                             )
                         )
@@ -200,6 +203,12 @@ def demo(
         timings = [f"{r.throughput:,.0f}", f"{r.p(0.5):.1f}", f"{r.p(0.99):.1f}"]
         table.add_row(path, model, *counts, *timings, batch)
     console.print(table)
+    for r in results:
+        if r.shed:
+            console.print(
+                f"{r.label}: {r.shed} calls were shed (503, Retry-After) by admission control and "
+                "sent again after Retry-After; their latency includes the wait (docs/overload.md)"
+            )
     if keep:
         console.print(f"Workers and gateway keep running ({base}); `make down` stops them.")
         console.print("Call it with the API keys printed above (Authorization: Bearer tg_...).")

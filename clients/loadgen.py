@@ -41,6 +41,8 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
+    shed: int = 0
+    """503s with `Retry-After` that were sent again after it (`http_load(retry_shed=...)`)."""
     records: list[dict[str, Any]] = field(default_factory=list)
     """The result records themselves, when the load was started with `keep_records`."""
 
@@ -60,6 +62,7 @@ class LoadResult:
             out.ok += part.ok
             out.errors += part.errors
             out.lost += part.lost
+            out.shed += part.shed
             out.elapsed_s += part.elapsed_s
             out.latencies.extend(part.latencies)
             out.batch_sizes.extend(part.batch_sizes)
@@ -266,6 +269,14 @@ class KafkaLoad:
                     result.errors += 1
 
 
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a `Retry-After` of delta-seconds; None when absent or a date."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 async def http_load(
     label: str,
     url: str,
@@ -276,9 +287,15 @@ async def http_load(
     timeout_s: float = 30.0,
     progress: Callable[[int], None] | None = None,
     headers: Mapping[str, str] | None = None,
+    retry_shed: int = 0,
 ) -> LoadResult:
     """POST `count` V2 requests to `url` at `rate`/s, open loop, with `headers` added to each
     (e.g. `{"Authorization": "Bearer tg_..."}`: the gateway authenticates every call).
+
+    With `retry_shed`, a call refused 503 with `Retry-After` (shed by admission control) is sent
+    again after that many seconds, up to `retry_shed` times, as a well-behaved client does; its
+    latency then runs to the last answer, and `LoadResult.shed` counts the retries. Benchmarks
+    leave it at 0 and count the 503s.
 
     aiohttp rather than httpx: on these 2 cores the generator shares the CPU with what it measures,
     and httpx's per-request cost (about 5 ms) capped the measured rate at the client.
@@ -296,12 +313,20 @@ async def http_load(
 
         async def one(i: int, at: float) -> None:
             body = json.dumps(make_body(i)).encode()
-            try:
-                async with session.post(url, data=body, headers=sent_headers) as resp:
-                    await resp.read()
-                    status = "OK" if resp.status == 200 else f"HTTP {resp.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                status = type(exc).__name__
+            for attempt in range(retry_shed + 1):
+                wait_s = None
+                try:
+                    async with session.post(url, data=body, headers=sent_headers) as resp:
+                        await resp.read()
+                        status = "OK" if resp.status == 200 else f"HTTP {resp.status}"
+                        if resp.status == 503 and attempt < retry_shed:
+                            wait_s = _retry_after(resp.headers.get("Retry-After"))
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    status = type(exc).__name__
+                if wait_s is None:
+                    break
+                result.shed += 1
+                await asyncio.sleep(wait_s)
             result.latencies.append(loop.time() - at)
             result.statuses[status] = result.statuses.get(status, 0) + 1
             if status == "OK":

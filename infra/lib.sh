@@ -61,6 +61,14 @@ fail_with_log() {
     tail -n 40 "$2" >&2
     echo "----" >&2
   fi
+  # A JVM that dies before its logger is up (a port it cannot bind, a crash) says why here.
+  local stdout
+  stdout="$(dirname "$2")/stdout.log"
+  if [[ "$stdout" != "$2" && -s "$stdout" ]]; then
+    echo "---- last lines of $stdout ----" >&2
+    tail -n 20 "$stdout" >&2
+    echo "----" >&2
+  fi
   exit 1
 }
 

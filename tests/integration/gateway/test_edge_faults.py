@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -45,7 +47,7 @@ from tests.integration import workers
 from tests.integration.fakes import FakeWorker
 from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
-from tests.integration.infra.test_kafka_cluster import alive, free_ports
+from tests.integration.infra.test_kafka_cluster import alive
 from tests.integration.workers import Stack, running
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
@@ -276,10 +278,27 @@ class Broker:
         wait_for(lambda: not alive(pid), timeout=10, what="the broker to die")
 
 
+def fixed_ports(count: int) -> list[int]:
+    """Free ports below the kernel's ephemeral range (32768-60999 here). The broker is killed
+    and started again on the same ports, and meanwhile every client's refused connect takes an
+    ephemeral local port: one that landed on the broker's port would make it fail to bind."""
+    out: list[int] = []
+    while len(out) < count:
+        candidate = random.randint(20000, 32000)  # a port, not a secret
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+        if candidate not in out:
+            out.append(candidate)
+    return out
+
+
 @pytest.fixture
 def broker() -> Iterator[Broker]:
     var = Path(tempfile.mkdtemp(prefix="tidegate-edge-"))
-    port, controller = free_ports(2)
+    port, controller = fixed_ports(2)
     env = {
         **os.environ,
         "KAFKA_NODES": "1",
