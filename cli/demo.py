@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,8 @@ from tidegate.schemas.tensors import from_numpy
 __all__ = ["demo", "demo_stop"]
 
 RUN_DIR = Path("var/demo")
+# Admission's latency objective in the demo, unless TIDEGATE_ADMISSION_SLO_S says otherwise.
+DEMO_SLO_S = os.environ.get("TIDEGATE_ADMISSION_SLO_S", "1")
 TEXTS = [
     "A man is playing a guitar on stage.",
     "Someone performs music with a guitar in front of an audience.",
@@ -119,7 +122,9 @@ def demo(
             ["worker", "--processes", "1", "--worker-id", "demo-w2", "--metrics-port", "9102"],
             RUN_DIR,
         ),
-        spawn("gateway", ["gateway"], RUN_DIR),
+        # The demo's machine runs the whole stack, 2 workers and the load on a few cores: its p99
+        # is not 100 ms, so admission judges it against a 1 s objective unless told otherwise.
+        spawn("gateway", ["gateway"], RUN_DIR, {"TIDEGATE_ADMISSION_SLO_S": DEMO_SLO_S}),
     ]
     results: list[LoadResult] = []
     canary: list[LoadResult] = []

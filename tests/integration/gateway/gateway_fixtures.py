@@ -157,11 +157,11 @@ class GatewayServer:
         runtime: GatewayRuntime = self.app.state.gateway
         return runtime
 
-    def start(self) -> GatewayServer:
+    def start(self, ready_timeout_s: float = 30.0) -> GatewayServer:
         self._thread.start()
         wait_for(
             lambda: self.http.get("/v2/health/ready").status_code == 200,
-            timeout=30,
+            timeout=ready_timeout_s,
             what=f"gateway on {self.url} to be ready",
         )
         return self

@@ -108,7 +108,9 @@ def gateway(
         config = config_of(kafka_settings, topics, registry_settings, **gateway)
         server = GatewayServer(config, publishing_to(kafka or kafka_settings))
         started.append(server)
-        return server.start()
+        # A broker of the test's own may still be loading its coordinators on a loaded CI host;
+        # the replica starts serving once its publisher and reply feed are through.
+        return server.start(ready_timeout_s=90)
 
     yield start
     for server in started:
