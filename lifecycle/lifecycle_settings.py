@@ -97,6 +97,15 @@ class LifecycleSettings(BaseSettings):
     canary_min_p99_gap_ms: float = Field(
         10.0, ge=0, description="A p99 regression must also exceed the baseline's by this much."
     )
+    indexer_gather_s: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="How long the lineage indexer gathers results into one batch (one fetch, "
+        "one transaction, one commit) after the first arrives: `tidegate served` and the canary "
+        "windows see a result up to this much later, and the controller's cost follows batches, "
+        "not results.",
+    )
     controller_tick_s: float = Field(
         0.5, gt=0, le=60, description="How often the canary controller evaluates."
     )

@@ -155,7 +155,13 @@ class ControllerService:
             poll_s=cfg.lifecycle.outbox_poll_s,
         )
         indexer = Indexer(
-            pool, cfg.kafka, cfg.topics, registry, group_id=cfg.group_id, windows=windows
+            pool,
+            cfg.kafka,
+            cfg.topics,
+            registry,
+            group_id=cfg.group_id,
+            windows=windows,
+            gather_s=cfg.lifecycle.indexer_gather_s,
         )
         controller = CanaryController(EventStore(pool), windows.stats, cfg.lifecycle)
         started: list[Any] = []
