@@ -1,10 +1,12 @@
 """Producing results and dead letters, with a callback per message once Kafka acknowledged it.
 
 Results are encoded once and the same bytes go to `inference-results` (keyed like the request) and,
-when the request asks, to its `reply_to` topic and partition. The producer is the idempotent,
-acks=all one of `tidegate.core.kafka`, so messages of one partition land in produce order. Side
-records (shadow comparisons) share the producer, or go through `side` when the main one is
-transactional; nothing waits for them or commits by them.
+when the request asks, to its `reply_to` topic and partition. A result whose request has a
+routing key goes to that key's partition; one without goes to a sticky partition
+(`tidegate.core.sticky`), so a batch's results make one ProduceRequest, not one each. The
+producer is the idempotent, acks=all one of `tidegate.core.kafka`, so messages of one partition
+land in produce order. Side records (shadow comparisons) share the producer, or go through
+`side` when the main one is transactional; nothing waits for them or commits by them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from tidegate.agents import worker_metrics as metrics
 from tidegate.core.errors import ConfigurationError, TidegateError
 from tidegate.core.settings import TopicSettings
+from tidegate.core.sticky import StickyPartitions
 from tidegate.core.telemetry import get_logger
 from tidegate.core.tracing import KafkaHeaders
 from tidegate.schemas.catalog import (
@@ -34,6 +37,10 @@ __all__ = ["Ack", "Publisher"]
 log = get_logger(__name__)
 
 Ack = Callable[[KafkaError | None, Message], None]
+
+# Longer than a flush takes to produce: one flush's results share a partition.
+_STICKY_WINDOW_S = 0.01
+_METADATA_TIMEOUT_S = 10.0
 
 _RECORD_UNIONS = (
     ("source", "dev.tidegate.common.SourcePosition"),
@@ -52,6 +59,8 @@ class Publisher:
         self._letters = AvroEncoder(registry, load_schema(DEAD_LETTER_ENVELOPE))
         self._shadow = AvroEncoder(registry, load_schema(SHADOW_COMPARISON))
         self._ids: dict[str, int] = {}
+        self._sticky = StickyPartitions(_STICKY_WINDOW_S)
+        self._result_partitions = 0
         # Exactly-once: the main producer is transactional and side records stay out of it.
         self.side: Producer | None = None
 
@@ -72,6 +81,10 @@ class Publisher:
                 raise ConfigurationError(
                     f"no schema under {subject} ({exc}); run `tidegate schemas register`"
                 ) from exc
+        results = self.topics.results
+        meta = self.producer.list_topics(results, timeout=_METADATA_TIMEOUT_S).topics.get(results)
+        if meta is not None and meta.error is None:
+            self._result_partitions = len(meta.partitions)
 
     def encode_result(self, result: Mapping[str, Any]) -> bytes:
         # Naming the branch of record-typed unions spares fastavro from trying each candidate
@@ -89,14 +102,19 @@ class Publisher:
         reply_to: Mapping[str, Any] | None,
         ack: Ack | None,
         headers: KafkaHeaders | None = None,
+        *,
+        keyed: bool = True,
     ) -> int:
         """Produce an encoded result; returns how many messages were produced (1 or 2).
-        `headers` (the request's trace context) go with the result and the reply."""
-        self._produce(self.topics.results, value, key, None, ack, headers)
+        `headers` (the request's trace context) go with the result and the reply. `keyed`:
+        the request had a routing key, whose partition the result must go to; else any does."""
+        partition = None
+        if not keyed and self._result_partitions:
+            partition = self._sticky.pick(self.topics.results, self._result_partitions)
+        self._produce(self.topics.results, value, key, partition, ack, headers)
         if not reply_to:
             return 1
-        partition = reply_to.get("partition")
-        self._produce(str(reply_to["topic"]), value, key, partition, ack, headers)
+        self._produce(str(reply_to["topic"]), value, key, reply_to.get("partition"), ack, headers)
         return 2
 
     def dead_letter(

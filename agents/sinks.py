@@ -116,14 +116,15 @@ def _produce(publisher: Publisher, entry: SinkEntry, worker_id: str, ack: Any, t
     assert task is not None  # noqa: S101
     reply_to = task.request.get("reply_to")
     headers = tracing.result_headers(task) if traced else None
+    keyed = bool(task.request.get("routing_key"))
     try:
         value = publisher.encode_result(entry.result)
-        produced = publisher.result(value, entry.key, reply_to, ack, headers)
+        produced = publisher.result(value, entry.key, reply_to, ack, headers, keyed=keyed)
     except (SerializationError, KafkaException) as exc:
         failure = ModelExecutionError(f"the result could not be published: {exc}")
         entry.result = error_result(task, failure, worker_id=worker_id)
         value = publisher.encode_result(entry.result)
-        produced = publisher.result(value, entry.key, reply_to, ack, headers)
+        produced = publisher.result(value, entry.key, reply_to, ack, headers, keyed=keyed)
     if traced:
         tracing.finished(task, entry.result)
     return produced

@@ -2,9 +2,12 @@
 
 Requests are Avro in the Confluent wire format under `<requests topic>-value`, looked up in the
 registry (never registered from here: `tidegate schemas register` owns that), and keyed by routing
-key or request id. Publishing is asynchronous like any Kafka producer: `publish` enqueues and
-returns the request id, delivery is reported through `on_delivery` or collected for `flush`. A
-record larger than the producer's `message.max.bytes` is refused before it is enqueued
+key or request id. A request with a routing key goes to its key's partition, so one key's requests
+keep their order; one without goes to a sticky partition (`tidegate.core.sticky`), so the
+requests of one linger share a ProduceRequest rather than cost one each. Publishing is
+asynchronous like any Kafka producer: `publish` enqueues and returns the request id, delivery is
+reported through `on_delivery` or collected for `flush`. A record larger than the producer's
+`message.max.bytes` is refused before it is enqueued
 (`RecordTooLargeError`, naming its size and the limit); a broker refusing one as too large is
 reported as that error too.
 
@@ -54,6 +57,7 @@ from tidegate.core.errors import (
 )
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.sticky import StickyPartitions
 from tidegate.core.tracing import TRACING_OFF, KafkaHeaders, Tracing, span_headers
 from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
@@ -79,6 +83,11 @@ DeliveryCallback = Callable[[str, Exception | None], None]
 
 DEFAULT_MAX_RECORD_BYTES = 1_000_000
 """librdkafka's default `message.max.bytes`, the largest record a producer takes."""
+
+STICKY_WINDOW_S = 0.01
+"""How long requests without a routing key stay on one partition (librdkafka's own
+`sticky.partitioning.linger.ms` default): longer than any linger, so a linger's worth of them
+make one ProduceRequest."""
 
 
 def lane_topic(topics: TopicSettings, lane: Lane) -> str:
@@ -129,6 +138,8 @@ class TidegateProducer:
             self._producer_extra.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES)
         )
         self._producer: Producer | None = None
+        self._sticky = StickyPartitions(STICKY_WINDOW_S)
+        self._partitions: dict[str, int | None] = {}
         self._consumer: Consumer | None = None
         self._encoder: AvroEncoder | None = None
         self._decoder: AvroDecoder | None = None
@@ -144,6 +155,7 @@ class TidegateProducer:
         # The default lane's subject must be there; another lane's is looked up on first use.
         self._schema_id = self._encoder.schema_id(f"{lane_topic(self._topics, self.lane)}-value")
         self._producer = make_producer(self._kafka, self._producer_extra)
+        self.partition_count(lane_topic(self._topics, self.lane), timeout)
         if self._await_results:
             self._decoder = AvroDecoder(client, load_schema(INFERENCE_RESULT))
             self._consumer = self._results_consumer(timeout)
@@ -197,6 +209,22 @@ class TidegateProducer:
         a registry call only on a lane's first publish)."""
         _, encoder = self._running()
         return encoder.schema_id(f"{lane_topic(self._topics, lane or self.lane)}-value")
+
+    def partition_count(self, topic: str, timeout: float = 5.0) -> int | None:
+        """The topic's partition count, looked up once (at start for the default lane's topic, so
+        a publish never waits on metadata); None when it could not be had, and the topic's
+        requests then hash like keyed ones."""
+        if topic not in self._partitions:
+            producer, _ = self._running()
+            count = None
+            try:
+                meta = producer.list_topics(topic, timeout=timeout).topics.get(topic)
+            except KafkaException:
+                meta = None
+            if meta is not None and meta.error is None and meta.partitions:
+                count = len(meta.partitions)
+            self._partitions[topic] = count
+        return self._partitions[topic]
 
     def publish(
         self,
@@ -271,6 +299,10 @@ class TidegateProducer:
             report(request_id, error)
 
         kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
+        if not record.get("routing_key"):
+            count = self.partition_count(topic)
+            if count:
+                kwargs["partition"] = self._sticky.pick(topic, count)
         try:
             producer.produce(topic, on_delivery=delivered, **kwargs)
         except KafkaException as exc:

@@ -185,6 +185,7 @@ class KafkaPublisher(RequestPublisher):
             # librdkafka reconnects with a backoff growing to 10 s: after an outage the gateway
             # would refuse calls that long after the brokers are back.
             "reconnect.backoff.max.ms": 1000,
+            "linger.ms": settings.publish_linger_ms,
         }
         producer = TidegateProducer(
             self._kafka, self._topics, self._registry, producer_extra=extra, tracing=self._tracing
@@ -203,6 +204,7 @@ class KafkaPublisher(RequestPublisher):
             if meta is None or meta.error is not None:
                 raise ConfigurationError(f"topic {topic!r} does not exist")
             producer.schema_id("batch")
+            producer.partition_count(topic, self._connect_timeout_s)
         except TidegateError as exc:
             _log.warning("batch-lane calls are refused: %s", exc)
             return f"this gateway serves no batch lane: {exc}"

@@ -6,7 +6,19 @@ round counts. The retry relay runs in both (it idles when nothing fails)."""
 
 from __future__ import annotations
 
-from tests.bench.versus import ROUNDS, RUN_DIR, Sweep, best, kafka_sweep, ratio, tidegate_workers
+import functools
+
+from tests.bench.versus import (
+    ROUNDS,
+    RUN_DIR,
+    CpuReaders,
+    Sweep,
+    best,
+    cpu_seconds,
+    kafka_sweep,
+    ratio,
+    tidegate_workers,
+)
 from tidegate.cli.procs import stop_recorded
 
 __all__ = ["run"]
@@ -32,7 +44,8 @@ def run() -> None:
             print(f"failures: round {k + 1}, crash {name}")
             stop_recorded(RUN_DIR)
             with tidegate_workers(env) as workers:
-                found[name] = kafka_sweep(f"crash {name}", workers)
+                readers: CpuReaders = {"workers": functools.partial(cpu_seconds, workers)}
+                found[name] = kafka_sweep(f"crash {name}", readers)
         rounds.append(found)
     top = {name: best(rounds, name) for name in SIDES}
     print("\nfailures: best round of each (sustained at p99 <= 100 ms, nothing lost)")

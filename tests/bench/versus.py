@@ -305,6 +305,12 @@ CONTENDERS: list[tuple[str, Callable[[], dict[str, Sweep]]]] = [
 ]
 
 
+# TIDEGATE_BENCH_VERSUS=tidegate,mlserver runs only those contenders (names as above).
+_ONLY = {n.strip() for n in os.environ.get("TIDEGATE_BENCH_VERSUS", "").split(",") if n.strip()}
+if _ONLY:
+    CONTENDERS = [(name, measure) for name, measure in CONTENDERS if name in _ONLY]
+
+
 def best(rounds: list[dict[str, Sweep]], name: str) -> Sweep:
     found = [r[name] for r in rounds if name in r]
     return max(found, key=lambda s: s.sustained) if found else Sweep()

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from tests.integration.fakes import FakeWorker, register_subjects
 from tidegate.clients.producer import TidegateProducer
 from tidegate.core.errors import ResultTimeoutError
+from tidegate.core.kafka import make_reader
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 
 PRODUCE = "import typer; from tidegate.cli.produce import produce; typer.run(produce)"
@@ -81,6 +83,57 @@ def run_produce(path: Path, topics: TopicSettings, *args: str) -> subprocess.Com
 def line(i: int) -> str:
     tensor = {"name": "features", "datatype": "FP32", "shape": [1, 4], "data": [i, 1, 2, 3]}
     return json.dumps({"model": "fraud", "routing_key": f"k{i}", "inputs": [tensor]})
+
+
+def test_requests_without_a_routing_key_share_a_partition(
+    kafka_settings: KafkaSettings,
+    topics: TopicSettings,
+    registry_settings: SchemaRegistrySettings,
+) -> None:
+    """Keyless requests go to one sticky partition (one ProduceRequest for a linger's worth),
+    keeping their request id as the key; keyed ones hash to their key's partition as always."""
+    features = np.zeros((1, 4), dtype=np.float32)
+    with TidegateProducer(kafka_settings, topics, registry_settings) as producer:
+        keyless = [producer.publish("fraud", {"features": features}) for _ in range(20)]
+        keyed = [
+            producer.publish("fraud", {"features": features}, routing_key=f"card-{i % 3}")
+            for i in range(30)
+        ]
+        assert producer.flush(10) == 0
+        assert producer.delivery_errors == {}
+    placed = read_keys(kafka_settings, topics.requests, 50)
+    # Published within a few milliseconds: one window, or two if it ended meanwhile.
+    assert len({placed[rid.encode()] for rid in keyless}) <= 2
+    by_card: dict[bytes, set[int]] = {}
+    for key, partition in placed.items():
+        if key.startswith(b"card-"):
+            by_card.setdefault(key, set()).add(partition)
+    assert sorted(by_card) == [b"card-0", b"card-1", b"card-2"]
+    assert all(len(p) == 1 for p in by_card.values()), by_card
+    assert len(keyed) == 30
+
+
+def read_keys(kafka: KafkaSettings, topic: str, count: int) -> dict[bytes, int]:
+    """The partition of each key among the topic's first `count` records."""
+    consumer = make_reader(kafka, "it-sticky")
+    found: dict[bytes, int] = {}
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        seen = 0
+        while seen < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            seen += 1
+            key, partition = msg.key(), msg.partition()
+            assert key is not None
+            assert partition is not None
+            found[key] = partition
+    finally:
+        consumer.close()
+    assert seen == count, f"read {seen} of {count} records"
+    return found
 
 
 def test_produce_file_with_wait(tmp_path: Path, topics: TopicSettings, worker: FakeWorker) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -21,6 +22,7 @@ from tidegate.agents.result_builders import Timings, error_result, ok_result
 from tidegate.agents.sinks import AckedSink
 from tidegate.core.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
 from tidegate.core.settings import TopicSettings
+from tidegate.core.sticky import StickyPartitions
 from tidegate.dlq.envelopes import dead_letter, error_info
 
 TOPICS = TopicSettings()
@@ -74,7 +76,14 @@ class Publisher:
         return str(result["request_id"]).encode()
 
     def result(
-        self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack, headers: Any = None
+        self,
+        value: bytes,
+        key: bytes | None,
+        reply_to: Any,
+        ack: Ack,
+        headers: Any = None,
+        *,
+        keyed: bool = True,
     ) -> int:
         self.pending.append(ack)
         return 1
@@ -387,3 +396,48 @@ def test_a_full_producer_queue_drops_a_shadow_comparison_at_once() -> None:
     assert publisher.shadow(comparison) is False
     assert producer.attempts == 1
     assert dropped._value.get() == before + 1
+
+
+class RecordingProducer:
+    """A confluent Producer's `produce` and `list_topics`, recording each produce's partition."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.produced: list[tuple[str, bytes | None, int | None]] = []
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
+        return SimpleNamespace(topics={topic: meta})
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        self.produced.append((topic, kwargs.get("key"), kwargs.get("partition")))
+
+
+class FixedIds:
+    def schema_id(self, subject: str) -> int:
+        return 1
+
+
+def test_results_without_a_routing_key_share_a_sticky_partition() -> None:
+    """librdkafka sends one ProduceRequest per partition: a batch's keyless results go to one
+    partition; a keyed result is left to the key's hash (no partition named), so per-key order
+    holds. The reply goes to the partition the request named either way."""
+    from tidegate.agents.delivery import Publisher as RealPublisher
+
+    producer = RecordingProducer(32)
+    publisher = RealPublisher(producer, None, TOPICS)  # type: ignore[arg-type]
+    for encoder in (publisher._results, publisher._letters, publisher._shadow):
+        encoder.schema_id = FixedIds().schema_id  # type: ignore[method-assign]
+    publisher.start()
+    # A stopped clock: the test, not the host's speed, decides that all fall in one window.
+    publisher._sticky = StickyPartitions(0.01, clock=lambda: 1.0)
+    reply = {"topic": "replies", "partition": 5}
+    for i in range(20):
+        publisher.result(b"v", f"r-{i}".encode(), reply, None, keyed=False)
+    publisher.result(b"v", b"card-1", None, None, keyed=True)
+    results = [(k, p) for t, k, p in producer.produced if t == TOPICS.results]
+    keyless = {p for k, p in results if k != b"card-1"}
+    assert len(keyless) == 1
+    assert keyless.pop() in range(32)
+    assert dict(results)[b"card-1"] is None
+    assert {p for t, _, p in producer.produced if t == "replies"} == {5}

@@ -62,7 +62,14 @@ class Publisher:
         return str(result["request_id"]).encode()
 
     def result(
-        self, value: bytes, key: bytes | None, reply_to: Any, ack: Any, headers: Any = None
+        self,
+        value: bytes,
+        key: bytes | None,
+        reply_to: Any,
+        ack: Any,
+        headers: Any = None,
+        *,
+        keyed: bool = True,
     ) -> int:
         assert ack is None, "exactly-once needs no acknowledgement per message"
         self.producer.produce(TOPICS.results, key=key, value=value)

@@ -82,7 +82,14 @@ class WorkerPublisher(delivery.Publisher):
         return 0
 
     def result(
-        self, value: bytes, key: bytes | None, reply_to: Any, ack: Ack, headers: Any = None
+        self,
+        value: bytes,
+        key: bytes | None,
+        reply_to: Any,
+        ack: Ack,
+        headers: Any = None,
+        *,
+        keyed: bool = True,
     ) -> int:
         self.acks[value.decode()] = ack
         self.headers[value.decode()] = headers
