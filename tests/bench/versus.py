@@ -51,6 +51,7 @@ __all__ = ["run"]
 RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
 RUN_DIR = Path("var/bench")
+WARM_S = 2.0
 _TICK = os.sysconf("SC_CLK_TCK")
 
 CpuReaders = dict[str, Callable[[], float]]
@@ -127,9 +128,14 @@ def sweep(
     attempt: Callable[[float], LoadResult],
     cpu: CpuReaders,
     broker: BrokerRequests | None = None,
+    warm: Callable[[float], object] | None = None,
 ) -> Sweep:
+    """Each step at `rate`: `warm(rate)` first when given (not counted), then `attempt(rate)`
+    counted, its CPU and broker requests read around it."""
     out = Sweep()
     for rate in RATES:
+        if warm is not None:
+            warm(float(rate))
         before = {name: read() for name, read in cpu.items()}
         asked = broker.read() if broker is not None else {}
         result = attempt(float(rate))
@@ -167,6 +173,22 @@ def http_attempt(
     return asyncio.run(http_load(label, url, body, rate=rate, count=count, headers=headers))
 
 
+def http_warm(
+    url: str,
+    body: Callable[[int], dict[str, Any]],
+    rate: float,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """`WARM_S` of calls at `rate` before a step is counted, as the peers get (the Kafka
+    contenders' loads warm up in `KafkaLoad.run`)."""
+    count = warmed(rate)
+    asyncio.run(http_load("warm-up", url, body, rate=rate, count=count, headers=headers))
+
+
+def warmed(rate: float) -> int:
+    return max(1, int(rate * WARM_S))
+
+
 def json_attempt(load: KafkaLoad, label: str, rate: float) -> LoadResult:
     record = functools.partial(run_peers.json_fraud_record, tag=unique(f"{label}-{rate:g}"))
     return load.run(label, record, rate=rate, count=max(1, int(rate * STEP_S)))
@@ -199,9 +221,14 @@ def kafka_sweep(label: str, cpu: CpuReaders) -> Sweep:
     load = KafkaLoad()
     load.start(lambda i: fraud_record(i, unique("warm")))
     with load:
-        return sweep(
-            label, functools.partial(kafka_attempt, load, "fraud", unique("v")), cpu, BROKER()
-        )
+
+        def warm(rate: float) -> None:
+            load.run(
+                "warm-up", lambda i: fraud_record(i, unique("w")), rate=rate, count=warmed(rate)
+            )
+
+        attempt = functools.partial(kafka_attempt, load, "fraud", unique("v"))
+        return sweep(label, attempt, cpu, BROKER(), warm)
 
 
 @functools.cache
@@ -253,6 +280,7 @@ def measure_tidegate() -> dict[str, Sweep]:
                 functools.partial(http_attempt, "tidegate http", url, fraud_body, headers=headers),
                 tidegate_cpu(workers, ctl, gateway),
                 BROKER(),
+                functools.partial(http_warm, url, fraud_body, headers=headers),
             )
         finally:
             gateway_child.stop()
@@ -285,7 +313,13 @@ def measure_json(name: str, start: Callable[[str, str], run_peers.Peers]) -> dic
             "peer": lambda: cpu_seconds(pids),
             "broker": lambda: cpu_seconds(process_tree(broker_pid())),
         }
-        return {name: sweep(name, functools.partial(json_attempt, load, name), cpu, BROKER())}
+
+        def warm(rate: float) -> None:
+            record = functools.partial(run_peers.json_fraud_record, tag=unique(f"{name}-warm"))
+            load.run("warm-up", record, rate=rate, count=warmed(rate))
+
+        attempt = functools.partial(json_attempt, load, name)
+        return {name: sweep(name, attempt, cpu, BROKER(), warm)}
 
 
 def measure_mlserver() -> dict[str, Sweep]:
@@ -293,7 +327,8 @@ def measure_mlserver() -> dict[str, Sweep]:
     with mlserver.start(0, port) as server:
         url = f"{server.url}/v2/models/{mlserver.MODEL}/infer"
         attempt = functools.partial(http_attempt, "mlserver", url, mlserver.mlserver_body)
-        return {"mlserver": sweep("mlserver", attempt, {"server": server.cpu_seconds})}
+        warm = functools.partial(http_warm, url, mlserver.mlserver_body)
+        return {"mlserver": sweep("mlserver", attempt, {"server": server.cpu_seconds}, None, warm)}
 
 
 CONTENDERS: list[tuple[str, Callable[[], dict[str, Sweep]]]] = [
