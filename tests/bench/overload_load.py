@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tidegate.clients.loadgen import percentile
-from tidegate.core.kafka import make_admin
 from tidegate.core.settings import KafkaSettings
-from tidegate.gateway.lag_probe import read_lag
+from tidegate.gateway.lag_probe import lag_reader, read_lag
 
 __all__ = ["Answers", "Sampler", "http_overload", "rss_mb", "workers_lag"]
 
@@ -121,15 +120,15 @@ def rss_mb(pid: int) -> float:
 
 
 def workers_lag(group: str, topic: str) -> Callable[[], int]:
-    """A reader of `group`'s lag on `topic` (one admin client, reused)."""
+    """A reader of `group`'s lag on `topic` (one consumer that never joins it, reused)."""
     from confluent_kafka import TopicPartition
 
-    admin = make_admin(KafkaSettings())
-    meta = admin.list_topics(topic, timeout=10).topics[topic]
+    reader = lag_reader(KafkaSettings(), group)
+    meta = reader.list_topics(topic, timeout=10).topics[topic]
     partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
 
     def read() -> int:
-        lag, _ = read_lag(admin, partitions, group, 10.0)
+        lag, _ = read_lag(reader, partitions, 10.0)
         return lag
 
     return read

@@ -15,18 +15,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import random
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +34,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     ResourceType,
 )
 
-from tests.integration import workers
+from tests.integration import own_broker, workers
 from tests.integration.fakes import FakeWorker
 from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
-from tests.integration.infra.test_kafka_cluster import alive
+from tests.integration.own_broker import Broker
 from tests.integration.workers import Stack, running
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
@@ -58,6 +49,7 @@ from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.publisher import KafkaPublisher
 from tidegate.models.model_settings import ModelSettings
 
+broker = own_broker.broker
 topics = gateway_fixtures.topics
 lifecycle = gateway_fixtures.lifecycle
 models = workers.models
@@ -251,85 +243,6 @@ def test_an_async_retry_with_the_same_id_is_published_once(
 
 
 # -- Kafka down ------------------------------------------------------------------------------
-
-
-@dataclass
-class Broker:
-    """A single KRaft broker of this test's own, run by infra/stack.sh."""
-
-    env: dict[str, str]
-    var: Path
-    port: int
-
-    @property
-    def settings(self) -> KafkaSettings:
-        return KafkaSettings(bootstrap_servers=f"127.0.0.1:{self.port}", client_id="edge-faults")
-
-    def stack(self, command: str) -> None:
-        done = subprocess.run(
-            [*STACK, command], env=self.env, capture_output=True, text=True, timeout=180
-        )
-        assert done.returncode == 0, f"stack.sh {command}: {done.stdout}\n{done.stderr}"
-
-    def pid(self) -> int:
-        return int((self.var / "run" / "kafka.pid").read_text().split()[0])
-
-    def kill(self) -> None:
-        pid = self.pid()
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not alive(pid), timeout=10, what="the broker to die")
-
-
-def fixed_ports(count: int) -> list[int]:
-    """Free ports below the kernel's ephemeral range (32768-60999 here). The broker is killed
-    and started again on the same ports, and meanwhile every client's refused connect takes an
-    ephemeral local port: one that landed on the broker's port would make it fail to bind."""
-    out: list[int] = []
-    while len(out) < count:
-        candidate = random.randint(20000, 32000)  # a port, not a secret
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-        if candidate not in out:
-            out.append(candidate)
-    return out
-
-
-@pytest.fixture
-def broker() -> Iterator[Broker]:
-    var = Path(tempfile.mkdtemp(prefix="tidegate-edge-"))
-    port, controller = fixed_ports(2)
-    env = {
-        **os.environ,
-        "KAFKA_NODES": "1",
-        "KAFKA_SECURITY": "none",
-        "TIDEGATE_STACK_VAR": str(var),
-        "TIDEGATE_STACK_SERVICES": "kafka",
-        "TIDEGATE_STACK_KAFKA_PORT": str(port),
-        "TIDEGATE_STACK_CONTROLLER_PORT": str(controller),
-        "TIDEGATE_STACK_KAFKA_HEAP": "256m",
-        # C1 only: the JVM boots in about half the time and CPU, and this broker takes no load.
-        "JAVA_TOOL_OPTIONS": f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1",
-        "TIDEGATE_STACK_STOP_TIMEOUT": "20",
-        "TIDEGATE_STACK_KAFKA_CONFIG": "offsets.topic.num.partitions=1",
-        "TIDEGATE_TOPICS_PARTITIONS": "1",
-        "TIDEGATE_TOPICS_REPLY_PARTITIONS": "1",
-        "TIDEGATE_TOPICS_DLQ_PARTITIONS": "1",
-    }
-    built = Broker(env, var, port)
-    try:
-        built.stack("up")
-        yield built
-    finally:
-        pid = None
-        with contextlib.suppress(OSError, ValueError):
-            pid = built.pid()
-        subprocess.run([*STACK, "down"], env=env, capture_output=True, timeout=60, check=False)
-        if pid is not None and alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(var, ignore_errors=True)
 
 
 class BridgeWorker(FakeWorker):
