@@ -18,8 +18,20 @@ __all__ = ["BrokerRequests", "broker_pid"]
 
 _SOURCE = Path(__file__).parent / "jmx" / "RequestCounts.java"
 _PID_FILE = Path("var/run/kafka.pid")
-# The APIs that follow the load; heartbeats and metadata are the group's and the controller's.
-SHOWN = ("Produce", "Fetch", "OffsetCommit", "ListOffsets", "OffsetFetch", "Heartbeat")
+# The APIs that follow the load (exactly-once's transactions too); heartbeats and metadata are
+# the group's and the controller's.
+SHOWN = (
+    "Produce",
+    "Fetch",
+    "OffsetCommit",
+    "ListOffsets",
+    "OffsetFetch",
+    "Heartbeat",
+    "AddPartitionsToTxn",
+    "AddOffsetsToTxn",
+    "TxnOffsetCommit",
+    "EndTxn",
+)
 
 
 def broker_pid() -> int | None:
