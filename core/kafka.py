@@ -42,6 +42,7 @@ __all__ = [
     "consumer_config",
     "make_admin",
     "make_consumer",
+    "make_offset_reader",
     "make_producer",
     "make_reader",
     "membership_config",
@@ -230,6 +231,16 @@ def make_reader(settings: KafkaSettings, purpose: str) -> Consumer:
     inspection tools and feeds that must not join or move any group that matters."""
     group_id = f"tidegate-{purpose}-{uuid.uuid4().hex[:12]}"
     extra = {"enable.partition.eof": True, "enable.auto.offset.store": False}
+    return make_consumer(settings, group_id, extra)
+
+
+def make_offset_reader(settings: KafkaSettings, group_id: str) -> Consumer:
+    """A consumer that reads `group_id`'s committed offsets (`committed`) and the partitions'
+    offsets (`offsets_for_times`, -1 the end, -2 the start) without ever joining the group: it
+    never subscribes, stores or commits. Lag readers use it rather than an `AdminClient`, whose
+    requests abort the process when they time out across a broker restart (librdkafka issues
+    4605 and 3663)."""
+    extra = {"enable.auto.offset.store": False, "client.id": f"{settings.client_id}-offsets"}
     return make_consumer(settings, group_id, extra)
 
 

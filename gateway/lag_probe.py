@@ -23,25 +23,18 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
-from tidegate.core.kafka import make_consumer
+from tidegate.core.kafka import make_offset_reader
 from tidegate.core.settings import KafkaSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.gateway.admission_settings import AdmissionSettings
 
-__all__ = ["LagProbe", "Observe", "lag_reader", "read_lag"]
+__all__ = ["LagProbe", "Observe", "read_lag"]
 
 _log = get_logger(__name__)
 
 Observe = Callable[[int, int], None]
 # Partitions are listed again this often (in probes): a topic may grow partitions.
 _RELIST_EVERY = 120
-
-
-def lag_reader(kafka: KafkaSettings, group: str) -> Consumer:
-    """A consumer that reads `group`'s committed offsets without ever joining it."""
-    return make_consumer(
-        kafka, group, {"enable.auto.offset.store": False, "client.id": f"{kafka.client_id}-lag"}
-    )
 
 
 class LagProbe:
@@ -76,7 +69,7 @@ class LagProbe:
                 probes += 1
                 try:
                     if reader is None:
-                        reader = lag_reader(self._kafka, group)
+                        reader = make_offset_reader(self._kafka, group)
                     if not partitions or probes % _RELIST_EVERY == 0:
                         meta = reader.list_topics(self._topic, timeout=timeout).topics[self._topic]
                         partitions = [

@@ -2,8 +2,9 @@
 
 A worker reports lag only for the partitions it holds, so a partition nobody holds (the group is
 empty, or a rebalance is stuck) shows no lag at all where it matters most. The controller, one per
-deployment, reads the group's committed offsets and the partitions' end offsets with the admin
-client, and which partitions the group's members hold, every `group_lag_every_s`.
+deployment, reads the group's committed offsets and the partitions' end offsets through a consumer
+that never joins the group, and which partitions the group's members hold through the admin
+client, every `group_lag_every_s` (see `refresh` for why not all through the admin client).
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 from prometheus_client import Gauge
 
 from tidegate.core.aio import Periodic
-from tidegate.core.kafka import make_admin
+from tidegate.core.kafka import make_admin, make_offset_reader
 from tidegate.core.settings import KafkaSettings
 
 __all__ = ["GROUP_LAG", "UNASSIGNED", "GroupLag"]
@@ -41,7 +48,9 @@ class GroupLag:
     def __init__(self, kafka: KafkaSettings, group: str, topic: str, *, every_s: float) -> None:
         self.group = group
         self.topic = topic
-        self._admin: AdminClient = make_admin(kafka)
+        self._kafka = kafka
+        self._reader: Consumer | None = None
+        self._admin: AdminClient | None = None
         self._periodic = Periodic(self._step, every_s, name="group-lag")
 
     def start(self) -> None:
@@ -49,35 +58,54 @@ class GroupLag:
 
     async def stop(self) -> None:
         await self._periodic.stop()
+        await asyncio.to_thread(self._drop)
 
     async def _step(self) -> None:
         try:
             await asyncio.to_thread(self.refresh)
         except KafkaException as exc:
             _log.warning("cannot read the lag of group %s: %s", self.group, exc)
+            # Nothing of a broken connection's state is kept (the admin client's least of all).
+            await asyncio.to_thread(self._drop)
+
+    def _drop(self) -> None:
+        reader, self._reader, self._admin = self._reader, None, None
+        if reader is not None:
+            try:
+                reader.close()
+            except (KafkaException, RuntimeError) as exc:
+                _log.debug("closing the offsets reader: %s", exc)
 
     def refresh(self) -> dict[int, int]:
-        """Read and export the lag of each partition; returns it."""
-        admin, topic = self._admin, self.topic
-        found = admin.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+        """Read and export the lag of each partition; returns it.
+
+        Offsets come through a consumer that never joins the group (`make_offset_reader`); the
+        admin client, whose timed-out requests can abort the process in a broker outage, is
+        asked only which members hold what, and only once the offsets were read."""
+        if self._reader is None:
+            self._reader = make_offset_reader(self._kafka, self.group)
+        reader, topic = self._reader, self.topic
+        found = reader.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
         if found is None or found.error is not None:
             return {}
         partitions = [TopicPartition(topic, p) for p in sorted(found.partitions)]
-        end = self._offsets(partitions, OffsetSpec.latest())  # type: ignore[no-untyped-call]
-        start = self._offsets(partitions, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
-        request = [ConsumerGroupTopicPartitions(self.group, partitions)]
-        committed = admin.list_consumer_group_offsets(request)[self.group].result(_TIMEOUT_S)
-        positions = {tp.partition: tp.offset for tp in committed.topic_partitions or []}
+        end = _offsets(reader, partitions, OFFSET_END)
+        start = _offsets(reader, partitions, OFFSET_BEGINNING)
+        committed = reader.committed(partitions, timeout=_TIMEOUT_S)
+        positions = {tp.partition: tp.offset for tp in committed}
         lag: dict[int, int] = {}
         for tp in partitions:
             position = positions.get(tp.partition, -1)
             since = position if position >= 0 else start[tp.partition]
             lag[tp.partition] = max(0, end[tp.partition] - since)
             GROUP_LAG.labels(self.group, topic, str(tp.partition)).set(lag[tp.partition])
-        described = admin.describe_consumer_groups([self.group])[self.group].result(_TIMEOUT_S)
+        if self._admin is None:
+            self._admin = make_admin(self._kafka)
+        described = self._admin.describe_consumer_groups([self.group])[self.group]
+        members = described.result(_TIMEOUT_S).members
         held = {
             tp.partition
-            for member in described.members
+            for member in members
             if member.assignment is not None
             for tp in member.assignment.topic_partitions
             if tp.topic == topic
@@ -85,6 +113,14 @@ class GroupLag:
         UNASSIGNED.labels(self.group, topic).set(len(set(lag) - held))
         return lag
 
-    def _offsets(self, partitions: list[TopicPartition], spec: OffsetSpec) -> dict[int, int]:
-        futures = self._admin.list_offsets({tp: spec for tp in partitions})
-        return {tp.partition: fut.result(_TIMEOUT_S).offset for tp, fut in futures.items()}
+
+def _offsets(reader: Consumer, partitions: list[TopicPartition], which: int) -> dict[int, int]:
+    """Each partition's end (`OFFSET_END`) or start (`OFFSET_BEGINNING`) offset: one ListOffsets
+    request, whose timestamp -1 or -2 asks exactly that."""
+    asked = [TopicPartition(tp.topic, tp.partition, which) for tp in partitions]
+    out: dict[int, int] = {}
+    for tp in reader.offsets_for_times(asked, timeout=_TIMEOUT_S):
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        out[tp.partition] = tp.offset
+    return out

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from tidegate.clients.loadgen import percentile
+from tidegate.core.kafka import make_offset_reader
 from tidegate.core.settings import KafkaSettings
-from tidegate.gateway.lag_probe import lag_reader, read_lag
+from tidegate.gateway.lag_probe import read_lag
 
 __all__ = ["Answers", "Sampler", "http_overload", "rss_mb", "workers_lag"]
 
@@ -123,7 +124,7 @@ def workers_lag(group: str, topic: str) -> Callable[[], int]:
     """A reader of `group`'s lag on `topic` (one consumer that never joins it, reused)."""
     from confluent_kafka import TopicPartition
 
-    reader = lag_reader(KafkaSettings(), group)
+    reader = make_offset_reader(KafkaSettings(), group)
     meta = reader.list_topics(topic, timeout=10).topics[topic]
     partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
 

@@ -83,7 +83,10 @@ def broker() -> Iterator[Broker]:
         "TIDEGATE_STACK_SERVICES": "kafka",
         "TIDEGATE_STACK_KAFKA_PORT": str(port),
         "TIDEGATE_STACK_CONTROLLER_PORT": str(controller),
-        "TIDEGATE_STACK_KAFKA_HEAP": "256m",
+        # 256m ran out on a restart ("Terminating due to java.lang.OutOfMemoryError: Java heap
+        # space" in stdout.log) while its clients reconnected: the death during startup that
+        # the Kafka-down test's restarts met too.
+        "TIDEGATE_STACK_KAFKA_HEAP": "768m",
         # C1 only: the JVM boots in about half the time and CPU, and this broker takes no load.
         "JAVA_TOOL_OPTIONS": f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1",
         "TIDEGATE_STACK_STOP_TIMEOUT": "20",

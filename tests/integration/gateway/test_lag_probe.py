@@ -1,10 +1,11 @@
-"""The gateway's lag probe outlives a Kafka outage, against a broker of the test's own.
+"""The lag readers outlive a Kafka outage, against a broker of the test's own.
 
 librdkafka aborts a process whose admin requests time out across a broker restart (librdkafka
-issues 4605 and 3663): a gateway died that way in a 15 s outage. The probe now reads through a
-consumer that never joins the workers' group. Here it runs in a process of its own, probing every
-50 ms (so dozens of probes time out while the broker is away), the broker is SIGKILLed twice and
-started again: the process must live through both, and read the lag again each time.
+issues 4605 and 3663): a gateway died that way in a 15 s outage. The gateway's probe and the
+controller's `GroupLag` now read offsets through a consumer that never joins the workers' group.
+Here both run in a process of their own, every 50 ms (so dozens of reads time out while the
+broker is away), the broker is SIGKILLed twice and started again: the process must live through
+both, and both must read the lag again each time.
 """
 
 from __future__ import annotations
@@ -24,20 +25,39 @@ from tidegate.core.kafka import make_producer
 broker = own_broker.broker
 
 PROBE = """
-import sys, time
+import asyncio, sys, time
 from tidegate.core.settings import KafkaSettings
 from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.lag_probe import LagProbe
+from tidegate.lifecycle.control.group_lag import GroupLag
 
-probe = LagProbe(
-    KafkaSettings(bootstrap_servers=sys.argv[1], client_id="lag-probe-test"),
-    "inference-requests",
-    AdmissionSettings(probe_interval_s=0.05, worker_group="lag-probe-test"),
-)
-probe.start(lambda lag, committed: print("lag", lag, committed, time.time(), flush=True))
-time.sleep(float(sys.argv[2]))
-probe.stop()
-print("stopped", flush=True)
+kafka = KafkaSettings(bootstrap_servers=sys.argv[1], client_id="lag-probe-test")
+
+
+async def main() -> None:
+    probe = LagProbe(
+        kafka,
+        "inference-requests",
+        AdmissionSettings(probe_interval_s=0.05, worker_group="lag-probe-test"),
+    )
+    probe.start(lambda lag, committed: print("lag", lag, committed, time.time(), flush=True))
+    # The controller's reader of the same lag, every 50 ms too.
+    group = GroupLag(kafka, "lag-probe-test", "inference-requests", every_s=0.05)
+    refresh = group.refresh
+
+    def refreshed():
+        lag = refresh()
+        print("group", lag, time.time(), flush=True)
+        return lag
+
+    group.refresh = refreshed
+    group.start()
+    await asyncio.sleep(float(sys.argv[2]))
+    await group.stop()
+    probe.stop()
+
+
+asyncio.run(main())
 """
 
 
@@ -47,6 +67,7 @@ class Lines:
     def __init__(self, process: subprocess.Popen[str]) -> None:
         self.seen: list[str] = []
         self.last_lag = 0.0
+        self.last_group = 0.0
         self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
         self._thread.start()
 
@@ -56,9 +77,12 @@ class Lines:
             self.seen.append(line.rstrip())
             if line.startswith("lag "):
                 self.last_lag = time.time()
+            elif line.startswith("group "):
+                self.last_group = time.time()
 
     def read_since(self, when: float) -> bool:
-        return self.last_lag > when
+        """Both readers read the lag after `when`."""
+        return min(self.last_lag, self.last_group) > when
 
 
 def passed(since: float, seconds: float) -> bool:
