@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
@@ -82,7 +82,14 @@ class Publisher:
                     f"no schema under {subject} ({exc}); run `tidegate schemas register`"
                 ) from exc
         results = self.topics.results
-        meta = self.producer.list_topics(results, timeout=_METADATA_TIMEOUT_S).topics.get(results)
+        try:
+            found = self.producer.list_topics(results, timeout=_METADATA_TIMEOUT_S).topics
+        except KafkaException as exc:  # results then hash by key, as keyed ones always do
+            log.warning(
+                "no metadata of %s, results are not given sticky partitions: %s", results, exc
+            )
+            return
+        meta = found.get(results)
         if meta is not None and meta.error is None:
             self._result_partitions = len(meta.partitions)
 

@@ -57,7 +57,7 @@ from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicS
 from tidegate.core.tracing import TRACING_OFF, Tracing
 from tidegate.gateway.gateway_settings import GatewaySettings
 
-__all__ = ["Ack", "KafkaPublisher", "RequestPublisher", "record_limit"]
+__all__ = ["Ack", "KafkaPublisher", "RequestPublisher", "producer_options", "record_limit"]
 
 _log = logging.getLogger(__name__)
 
@@ -76,6 +76,25 @@ def record_limit(max_record_bytes: int, topic_max_message_bytes: int | None) -> 
         return max_record_bytes
     fits = topic_max_message_bytes - topic_max_message_bytes // _LZ4_GROWTH - _BATCH_OVERHEAD
     return max(1000, min(max_record_bytes, fits))
+
+
+def producer_options(settings: GatewaySettings, limit: int) -> dict[str, Any]:
+    """The librdkafka options of the gateway's producer, beyond `core.kafka`'s, for records of
+    at most `limit` bytes."""
+    return {
+        "statistics.interval.ms": max(100, round(settings.kafka_probe_s * 1000)),
+        # Every publish resolves within the call's budget: acknowledged, or failed and never
+        # sent again (`delivery.timeout.ms` is the same option).
+        "message.timeout.ms": round(settings.publish_timeout_s * 1000),
+        "message.max.bytes": limit,
+        "batch.size": limit,
+        # librdkafka reconnects with a backoff growing to 10 s: after an outage the gateway
+        # would refuse calls that long after the brokers are back.
+        "reconnect.backoff.max.ms": 1000,
+        # Calls without a routing key share a sticky partition: lingering lets a few share one
+        # ProduceRequest (decision 019).
+        "linger.ms": settings.publish_linger_ms,
+    }
 
 
 class RequestPublisher(ABC):
@@ -172,20 +191,10 @@ class KafkaPublisher(RequestPublisher):
         if found is None or found.error is not None:
             raise ConfigurationError(f"requests topic {topic!r} does not exist")
         limit = record_limit(self._settings.max_record_bytes, self._topic_limit(admin, topic))
-        settings = self._settings
         extra = {
             "error_cb": self._on_error,
             "stats_cb": self._on_stats,
-            "statistics.interval.ms": max(100, round(settings.kafka_probe_s * 1000)),
-            # Every publish resolves within the call's budget: acknowledged, or failed and
-            # never sent again (`delivery.timeout.ms` is the same option).
-            "message.timeout.ms": round(settings.publish_timeout_s * 1000),
-            "message.max.bytes": limit,
-            "batch.size": limit,
-            # librdkafka reconnects with a backoff growing to 10 s: after an outage the gateway
-            # would refuse calls that long after the brokers are back.
-            "reconnect.backoff.max.ms": 1000,
-            "linger.ms": settings.publish_linger_ms,
+            **producer_options(self._settings, limit),
         }
         producer = TidegateProducer(
             self._kafka, self._topics, self._registry, producer_extra=extra, tracing=self._tracing

@@ -12,7 +12,8 @@ from confluent_kafka import KafkaError, Producer
 
 from tidegate.clients.producer import PublishError, RecordTooLargeError, TidegateProducer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.publisher import KafkaPublisher, record_limit
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.publisher import KafkaPublisher, producer_options, record_limit
 
 
 def publisher() -> KafkaPublisher:
@@ -89,3 +90,13 @@ def test_a_record_over_the_limit_is_refused_before_it_is_enqueued(size: int, ref
         producer.publish_record(record)
     assert (exc.value.size, exc.value.limit) == (size + len(b"r-1"), 2_000)
     assert "2000 bytes" in str(exc.value)
+
+
+def test_the_producer_lingers_as_configured() -> None:
+    """Keyless calls share a sticky partition; the linger is what lets a few of them share one
+    ProduceRequest (decision 019): 10 ms unless configured otherwise."""
+    assert producer_options(GatewaySettings(), 1000)["linger.ms"] == 10.0
+    options = producer_options(GatewaySettings(publish_linger_ms=3, publish_timeout_s=2), 5000)
+    assert options["linger.ms"] == 3
+    assert options["message.timeout.ms"] == 2000
+    assert options["batch.size"] == options["message.max.bytes"] == 5000
