@@ -3,7 +3,7 @@
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
 (or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
-`takeover`, `overload`, `refusal`, `lanes`) runs one part.
+`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`) runs one part.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tests.bench import (
     overload,
     pipeline,
     profile,
+    rate_limit_cost,
     refusal_cost,
     takeover,
     tracing_cost,
@@ -40,6 +41,7 @@ PARTS = {
     "overload": overload.run,
     "refusal": refusal_cost.run,
     "lanes": lanes.run,
+    "ratelimits": rate_limit_cost.run,
 }
 
 

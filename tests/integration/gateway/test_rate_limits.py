@@ -1,6 +1,8 @@
 """Rate limits against the real Redis: two limiters (two replicas) share one limit, per client and
 per model, within 10% of the configured rate over a few seconds, refusing the rest with a
-Retry-After; a refusal costs well under a millisecond of CPU; and through HTTP, `tidegate gateway
+Retry-After; a refusal says when to retry and is remembered, and a limit far from being hit
+rarely reaches Redis (their CPU costs are measured by `python -m tests.bench ratelimits`); and
+through HTTP, `tidegate gateway
 --workers 2` (two replicas on one port) answers 429 with Retry-After and a problem body while the
 calls both accept add up to the configured rate.
 
@@ -96,54 +98,56 @@ async def test_two_replicas_share_one_limit(
     assert all(0 < r <= config.burst_s for r in retries)
 
 
-async def test_a_refusal_costs_well_under_a_millisecond_of_cpu() -> None:
+class Counted:
+    """How often a limiter asks Redis to count (its `_count`): the behaviour behind the CPU
+    costs that `python -m tests.bench ratelimits` measures."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.calls = 0
+        count = limiter._count
+
+        async def counted(*args: Any, **kwargs: Any) -> None:
+            self.calls += 1
+            await count(*args, **kwargs)
+
+        limiter._count = counted  # type: ignore[method-assign]
+
+
+async def test_a_refusal_says_when_to_retry_and_is_remembered() -> None:
     # One call a minute: each fresh client's first call is accepted and its second refused.
     config = RateLimitSettings(key_prefix=unique("it-rate"), client_rate_per_s=1 / 60, burst_s=60)
     limiter = RateLimiter(config, RedisSettings())
-    clients = [key(f"key:{n}") for n in range(300)]
-    by_redis: list[float] = []
-    remembered: list[float] = []
+    redis = Counted(limiter)
     retries: list[float] = []
     try:
-        for identity in clients:
+        for identity in [key(f"key:{n}") for n in range(20)]:
             await limiter.check(identity, "fraud")
-            for costs in (by_redis, remembered):
-                started = time.process_time()
-                try:
+            asked = redis.calls
+            for _ in range(3):
+                with pytest.raises(RateLimitedError) as refused:
                     await limiter.check(identity, "fraud")
-                except RateLimitedError as refused:
-                    costs.append(time.process_time() - started)
-                    retries.append(refused.retry_after_s)
-                else:
-                    raise AssertionError("a second call within the minute was accepted")
+                retries.append(refused.value.retry_after_s)
+            # The first refusal asks Redis; the next ones are remembered until the window ends.
+            assert redis.calls == asked + 1
     finally:
         await limiter.close()
     assert all(0 < r <= 60 for r in retries)
-    redis_ms = 1000 * sum(by_redis) / len(by_redis)
-    local_ms = 1000 * sum(remembered) / len(remembered)
-    print(f"CPU per refusal: {redis_ms:.3f} ms asking Redis, {local_ms:.4f} ms remembered")
-    # Two round trips (the count, then the window's reset for Retry-After), on 2 shared cores.
-    assert redis_ms < 0.6
-    assert local_ms < 0.05
 
 
 async def test_an_accepted_call_under_a_high_limit_rarely_reaches_redis() -> None:
-    # The gateway spends ~1 ms of CPU on a call: a limit that is not hit must cost under 5%.
     config = RateLimitSettings(
         key_prefix=unique("it-rate"), client_rate_per_s=5000, model_rates={"fraud": 5000}
     )
     limiter = RateLimiter(config, RedisSettings())
+    redis = Counted(limiter)
     identity = key("key:busy")
     try:
-        await limiter.check(identity, "fraud")
-        started = time.process_time()
         for _ in range(2000):
             await limiter.check(identity, "fraud")
-        per_call_ms = 1000 * (time.process_time() - started) / 2000
     finally:
         await limiter.close()
-    print(f"CPU per accepted call (client and model limits): {per_call_ms:.4f} ms")
-    assert per_call_ms < 0.05
+    # Slots are leased from Redis in lots: 42 counts for 2,000 calls when this was written.
+    assert redis.calls < 100, f"{redis.calls} counts in Redis for 2,000 accepted calls"
 
 
 def test_gateway_replicas_answer_429_and_hold_the_rate_together(
