@@ -29,6 +29,7 @@ from tidegate.gateway.admission import ADMISSION_STATE, LOOP_CHECK_S
 from tidegate.gateway.audit_hooks import start_trail
 from tidegate.gateway.authn import Authenticator, install_authenticator
 from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
+from tidegate.gateway.infer_fast_path import GatewayApp
 from tidegate.gateway.openapi_docs import install_openapi
 from tidegate.gateway.permissions import close_public_routes
 from tidegate.gateway.problems import error_problem, problem, validation_problem
@@ -81,7 +82,7 @@ def create_app(
             # an overloaded model's calls before any middleware or body read.
             yield {ADMISSION_STATE: runtime.admission}
 
-    app = FastAPI(title="tidegate gateway", version=tidegate.__version__, lifespan=lifespan)
+    app = GatewayApp(title="tidegate gateway", version=tidegate.__version__, lifespan=lifespan)
     install_authenticator(app, auth)
     app.include_router(router)
     if admin is not None:

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 
 from tidegate.core.errors import ConfigurationError
+from tidegate.core.heap import settle
 from tidegate.core.settings import TopicSettings
 from tidegate.core.telemetry import configure_logging
 from tidegate.gateway.admin import lifecycle_admin
@@ -52,7 +53,10 @@ def served_app() -> FastAPI:
     configure_logging()
     settings = worker_settings(GatewaySettings(), os.getpid())
     admin = lifecycle_admin if settings.admin else None
-    return create_app(GatewayConfig(gateway=settings), admin=admin)
+    app = create_app(GatewayConfig(gateway=settings), admin=admin)
+    # What was imported and built so far lives as long as the process.
+    settle()
+    return app
 
 
 def uvicorn_options(settings: GatewaySettings) -> dict[str, Any]:

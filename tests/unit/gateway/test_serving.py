@@ -69,11 +69,15 @@ def test_each_worker_process_is_a_replica_of_its_own(monkeypatch: pytest.MonkeyP
 
 def test_the_factory_builds_the_app_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serving, "configure_logging", lambda: None)
+    settled: list[bool] = []
+    # The test process keeps the collector as it is; the server's heap is settled once built.
+    monkeypatch.setattr(serving, "settle", lambda: settled.append(True))
     monkeypatch.setenv("TIDEGATE_GATEWAY_ADMIN", "false")
     app = serving.served_app()
     paths = {getattr(route, "path", "") for route in app.routes}
     assert "/v2/models/{model}/infer" in paths
     assert not any(path.startswith("/admin") for path in paths)
+    assert settled == [True]
 
 
 def test_every_process_serves_with_the_connection_limits() -> None:
