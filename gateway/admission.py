@@ -5,8 +5,9 @@ once (503, `OverloadedError`) instead of queued.
 Three checks, each O(1) on numbers kept up to date once per tick (`tidegate.gateway.load_estimate`):
 
 * this replica's calls in flight, past `limit` (`GatewaySettings.max_in_flight`), whatever model;
-* a model's calls in flight, past its adaptive limit (AIMD on the latency its calls saw, bounded
-  by service rate x SLO); the batch lane may use only `batch_share` of it, so it is refused first;
+* a model's calls in flight, past its adaptive limit (the gradient of its calls' latency over
+  its no-load latency, as Netflix's Gradient2: decision 020); the batch lane may use only
+  `batch_share` of it, so it is refused first;
 * the estimated queueing delay (this replica's calls ahead over the model's service rate, or the
   workers' Kafka lag over their capacity, whichever is longer) past the call's wait budget, half of
   it for the batch lane.
@@ -14,7 +15,7 @@ Three checks, each O(1) on numbers kept up to date once per tick (`tidegate.gate
 The gateway itself may be the bottleneck (issue 12 found it at 0.6-0.9 cores): then calls wait in
 the socket before they are read, which no call's latency shows. So the event loop's lateness is
 watched too (`loop_lag`, stepped every `LOOP_CHECK_S` by the app): a tick in which it ran later
-than half the SLO shrinks every model's limit, as slow calls do.
+than half the SLO shrinks every model's limit, as queueing calls do.
 
 `refusal` answers why a call would be refused, without raising: the HTTP protocol layer
 (`tidegate.gateway.slow_clients`) asks it before a request's body is read or any middleware runs.
@@ -22,7 +23,8 @@ than half the SLO shrinks every model's limit, as slow calls do.
 Synchronous calls leave when they are answered or time out. Asynchronous ones leave when their
 result arrives, or at their expiry, so a request whose result never comes cannot hold a slot
 forever. A result is a service sample (its latency); a call that left without one after the SLO
-counts as a slow sample, so workers that stop answering shrink the limit rather than grow it.
+counts with the time it waited, so workers that stop answering shrink the limit rather than grow
+it.
 """
 
 from __future__ import annotations
@@ -109,9 +111,8 @@ class Admission:
             cap = load.limit * self._settings.batch_share if batch else load.limit
             if load.in_flight >= cap:
                 return (
-                    f"{load.in_flight} calls of {model} are in flight, the most its measured "
-                    f"service rate serves within {self._settings.slo_s:g}s"
-                    + (" on the batch lane" if batch else "")
+                    f"{load.in_flight} calls of {model} are in flight, the most its latency "
+                    "allows before they queue" + (" on the batch lane" if batch else "")
                 )
             delay = max(delay, load.delay_s(batch))
         if wait_s is not None:
@@ -170,9 +171,10 @@ class Admission:
             return
         metrics.IN_FLIGHT.dec()
         if call.load is not None:
-            call.load.leave(call.batch, None, self._settings.slo_s)
-            if self._clock() - call.started > self._settings.slo_s:
-                call.load.timed_out()
+            call.load.leave(call.batch, None)
+            waited = self._clock() - call.started
+            if waited > self._settings.slo_s:
+                call.load.timed_out(waited)
 
     def on_result(self, result: dict[str, Any]) -> None:
         call = self._calls.pop(str(result["request_id"]), None)
@@ -180,8 +182,7 @@ class Admission:
             return
         metrics.IN_FLIGHT.dec()
         if call.load is not None:
-            latency = self._clock() - call.started
-            call.load.leave(call.batch, latency, self._settings.slo_s)
+            call.load.leave(call.batch, self._clock() - call.started)
 
     def observe_kafka(self, lag: int, committed: int) -> None:
         """The workers' lag and committed offsets, from the lag probe's thread."""
@@ -195,7 +196,7 @@ class Admission:
         self._prune(now)
         saturated = self.loop_lag.take() > _LOOP_SHARE * s.slo_s
         for model, load in self._models.items():
-            load.tick(now, s.slo_s, s.slo_miss_ratio, saturated)
+            load.tick(now, s.slo_s, s.latency_tolerance, saturated)
             metrics.set_admission(model, load.limit, load.delay_s(False))
         metrics.KAFKA_LAG.set(self.backlog.lag)
 

@@ -18,18 +18,22 @@ class AdmissionSettings(BaseSettings):
     slo_s: float = Field(
         0.1,
         gt=0,
-        description="The latency objective of real-time calls: a model's in-flight limit shrinks "
-        "while more than `slo_miss_ratio` of its calls take longer.",
+        description="The latency objective of real-time calls. A model's in-flight limit never "
+        "shrinks while its calls take under half of it; above that, only when they queue "
+        "(`latency_tolerance`). A call that waits longer than this for a result that never "
+        "comes counts with its wait.",
     )
-    slo_miss_ratio: float = Field(
-        0.01,
-        ge=0,
-        lt=1,
-        description="Share of a tick's calls that may exceed `slo_s` before the limit shrinks "
-        "(0.01: the p99 is held at the SLO).",
+    latency_tolerance: float = Field(
+        1.5,
+        ge=1,
+        description="How many times its no-load latency a model's calls may take before its "
+        "limit shrinks (Gradient2's RTT tolerance): past it, calls queue.",
     )
     initial_limit: int = Field(
-        64, ge=1, description="Calls in flight a model may start with, before any is measured."
+        256,
+        ge=1,
+        description="Calls in flight a model may start with, before any is measured: enough "
+        "for a cold start's first slow seconds (200 calls/s at 1.2 s).",
     )
     min_limit: int = Field(
         16,

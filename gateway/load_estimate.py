@@ -4,14 +4,20 @@ Two sources, both measured rather than configured:
 
 * `ModelLoad`, per model: this replica's calls in flight (real-time and batch lanes apart), the
   rate at which their results come back (the observed service rate, an exponentially weighted
-  average over about a second), and the in-flight limit, adapted once per tick by AIMD on the
-  latency the calls saw (judged over 20 calls, or a second's when fewer come): over the SLO
-  (aiming at 80% of it) for more than `slo_miss_ratio` of them, the limit drops to what Little's
-  law says the SLO allows (service rate x SLO) or by a fifth, whichever is lower (by half at
-  most), but only when the calls in flight came within half of the limit (slow calls beside a
-  limit far from reached were not slowed by admission); while calls fit and the limit is nearly
-  used, it grows by a twentieth (at least one), and one left far from used after a cut grows
-  back towards its initial value by a quarter per judgement.
+  average over about a second), and the in-flight limit, adapted by the gradient of the calls'
+  latency over the model's no-load latency, as Netflix's concurrency-limits `Gradient2Limit` and
+  Envoy's adaptive concurrency filter do (decision 020). Each judgement (20 calls, or a second's
+  when fewer come) compares the calls' mean latency with the allowed one: `tolerance` times the
+  no-load latency, or half the objective, whichever is longer. The limit becomes
+  `limit x gradient + sqrt(limit)`, the gradient being allowed / mean clamped to [0.5, 1]: it
+  shrinks when calls queue, and probes upwards by the square root while they do not.
+  The no-load latency follows the fastest call of each judgement over about 600 calls; upwards,
+  from a judgement in which the limit bound, over 6,000 (a standing queue is no baseline, but a
+  service that turned slower is followed), and it falls back quickly (by a tenth a judgement)
+  when calls run twice as fast.
+  A host that is slow, not queueing, raises every call's latency together and so the baseline:
+  nothing is shed for it. Calls far below the limit (under half of it) say nothing of admission
+  and change nothing, except that a limit left after an overload grows back towards its start.
   The queueing delay ahead of a new call is its lane's calls ahead divided by the service rate.
 * `KafkaBacklog`: the workers' consumer lag on the requests topic and the rate at which their
   committed offsets move, read on a thread (`tidegate.gateway.lag_probe`) every ~0.5 s, not per
@@ -19,9 +25,9 @@ Two sources, both measured rather than configured:
   Kafka. Its delay is the lag over the workers' capacity, the highest consumption rate seen lately
   (decaying slowly), so that a burst after an idle spell is not read as stalled workers.
 
-Samples are counted per call (an increment and a comparison); every division, exponential and
-limit change happens once per tick, for the whole model. A tick in which nothing came back
-never raises a limit: with the workers gone, calls time out, count as slow, and the limit falls.
+Samples are counted per call (a few additions and a comparison); every division, exponential and
+limit change happens once per tick, for the whole model. A judgement in which more calls timed
+out than came back probes no higher: with the workers gone, the limit halves to its floor.
 """
 
 from __future__ import annotations
@@ -34,16 +40,22 @@ __all__ = ["KafkaBacklog", "LoopLag", "ModelLoad"]
 # The service rate averages over about this long; the workers' capacity forgets over this long.
 _RATE_WINDOW_S = 1.0
 _CAPACITY_MEMORY_S = 30.0
-_DECREASE = 0.8
-# The limit counts as reached when a judging period's peak in flight came this close to it.
+# The limit binds when a judging period's peak in flight came this close to it.
 _BINDING = 0.5
 _RECOVER = 1.25
-_INCREASE = 0.05
-# The limit aims below the SLO, so that its probing upward between decreases stays within it.
-_AIM = 0.8
+# Gradient2's bounds: a judgement cuts the limit by half at most, and never raises it by more
+# than its square root.
+_MIN_GRADIENT = 0.5
+# Latency under this share of the objective is never cut for, whatever the baseline.
+_QUIET = 0.5
+# The no-load latency averages over about this many calls (Gradient2's long window), and falls
+# by this factor a judgement when calls run at least twice as fast.
+_BASELINE_CALLS = 600
+_BOUND_CALLS = 6000
+_BASELINE_DROP = 0.9
 # Below this many results per second the rate says too little to divide by.
 _MIN_RATE = 1.0
-# The SLO is judged over at least this many calls (1 slow call of 5 is no p99), or a second's.
+# The latency is judged over at least this many calls, or a second's.
 _JUDGE_CALLS = 20
 _JUDGE_S = 1.0
 
@@ -53,12 +65,14 @@ class ModelLoad:
 
     __slots__ = (
         "answered",
+        "baseline",
         "batch",
         "done",
+        "fastest",
+        "first_results",
         "initial",
         "judged_at",
         "last_tick",
-        "late",
         "limit",
         "lost",
         "max_limit",
@@ -67,26 +81,33 @@ class ModelLoad:
         "rate",
         "realtime",
         "seen",
-        "slow",
+        "timeouts",
+        "total_s",
     )
 
     def __init__(self, initial: int, min_limit: int, max_limit: int, now: float) -> None:
         self.realtime = 0
         self.batch = 0
         self.done = 0
-        self.slow = 0
         self.lost = 0
         self.peak = 0
         self.rate = 0.0
+        # When results began to come, and how many came since, for the rate's first second.
+        self.first_results: tuple[float, int] | None = None
         self.min_limit = float(min_limit)
         self.max_limit = float(max_limit)
         self.limit = float(min(max(initial, min_limit), max_limit))
         self.initial = self.limit
         self.last_tick = now
-        # Calls seen and late since the SLO was last judged, and when it was.
+        # The no-load latency; None until a call came back.
+        self.baseline: float | None = None
+        # Since the last judgement: calls judged (timed out ones too), answered and timed out,
+        # the sum of their latencies and the fastest answer.
         self.seen = 0
-        self.late = 0
         self.answered = 0
+        self.timeouts = 0
+        self.total_s = 0.0
+        self.fastest = math.inf
         self.judged_at = now
 
     @property
@@ -102,7 +123,7 @@ class ModelLoad:
         if in_flight > self.peak:
             self.peak = in_flight
 
-    def leave(self, batch: bool, latency_s: float | None, slo_s: float) -> None:
+    def leave(self, batch: bool, latency_s: float | None) -> None:
         """A call ended: with its latency when its result came (a service sample), or None."""
         if batch:
             self.batch -= 1
@@ -110,54 +131,88 @@ class ModelLoad:
             self.realtime -= 1
         if latency_s is not None:
             self.done += 1
-            if latency_s > _AIM * slo_s:
-                self.slow += 1
+            self.total_s += latency_s
+            if latency_s < self.fastest:
+                self.fastest = latency_s
 
-    def timed_out(self) -> None:
-        """A call left without its result, after the SLO: the latency was at least that. It is
-        judged as a slow call, but it is no completion: the service rate does not count it."""
+    def timed_out(self, waited_s: float) -> None:
+        """A call left without its result after waiting `waited_s`: its latency was at least
+        that. It is judged with the others, but it is no completion: the service rate and the
+        no-load latency do not count it."""
         self.lost += 1
+        self.total_s += waited_s
 
-    def tick(self, now: float, slo_s: float, miss_ratio: float, saturated: bool = False) -> None:
+    def tick(self, now: float, slo_s: float, tolerance: float, saturated: bool = False) -> None:
         """Bring the rate and the limit up to date; `saturated`: the gateway's own event loop
         ran late this tick, so its calls wait before they are even read."""
         dt = now - self.last_tick
         if dt <= 0:
             return
-        alpha = 1.0 - math.exp(-dt / _RATE_WINDOW_S)
-        self.rate += alpha * (self.done / dt - self.rate)
+        if self.first_results is None and self.done:
+            self.first_results = (self.last_tick, 0)
+        if self.first_results is not None and now - self.first_results[0] < _RATE_WINDOW_S:
+            # The first second of results is averaged plainly: an average grown from nothing
+            # read a cold start's first answers as a stalled service, and its calls as a queue.
+            since, count = self.first_results
+            self.first_results = (since, count + self.done)
+            self.rate = (count + self.done) / (now - since)
+        else:
+            alpha = 1.0 - math.exp(-dt / _RATE_WINDOW_S)
+            self.rate += alpha * (self.done / dt - self.rate)
         self.answered += self.done
+        self.timeouts += self.lost
         self.seen += self.done + self.lost
-        self.late += self.slow + self.lost
-        self.done = self.slow = self.lost = 0
+        self.done = self.lost = 0
         self.last_tick = now
         ready = self.seen >= _JUDGE_CALLS or (self.seen and now - self.judged_at >= _JUDGE_S)
-        if not (saturated or ready):
-            return
-        # Slow calls while the limit was far from reached were not slowed by the calls admitted
-        # with them (a host stall, a model load): cutting the limit would not speed them up, and
-        # on a busy host it would pin the limit at its floor and refuse ordinary bursts.
+        if saturated or ready:
+            self._judge(slo_s, tolerance, saturated)
+
+    def _judge(self, slo_s: float, tolerance: float, saturated: bool) -> None:
+        binding = self.peak >= _BINDING * self.limit
+        if self.answered:
+            self._learn_baseline(binding)
+        gradient = 1.0
+        if self.seen:
+            allowed = _QUIET * slo_s
+            if self.baseline is not None:
+                allowed = max(allowed, tolerance * self.baseline)
+            mean = self.total_s / self.seen
+            gradient = max(_MIN_GRADIENT, min(1.0, allowed / mean)) if mean > 0 else 1.0
         # A late event loop (calls unread in the socket, which no latency shows) cuts the limit
         # once there is concurrency to cut: at least as many calls in flight as the floor.
-        binding = self.peak >= _BINDING * self.limit
-        fitting = self.late <= miss_ratio * self.seen
-        cut = (saturated and self.peak >= self.min_limit) or (binding and not fitting)
-        if cut:
-            # Little's law may cut at most by half a tick: the rate lags a sudden load by ~1 s.
-            little = max(self.rate * _AIM * slo_s, self.limit / 2)
-            self.limit = max(self.min_limit, min(self.limit * _DECREASE, little))
-        elif not (ready and self.answered):
-            pass  # a judgement with nothing back raises no limit
-        elif fitting and self.peak >= 0.8 * self.limit:
-            # Nearly used and fitting: probe upwards.
-            self.limit = min(self.max_limit, self.limit + max(1.0, self.limit * _INCREASE))
-        elif not binding and self.limit < self.initial:
-            # Left far from used after a cut (slow or not, its calls were not slowed by it): the
-            # overload is over, back towards the start.
+        if saturated and self.peak >= self.min_limit:
+            gradient = _MIN_GRADIENT
+            binding = True
+        if binding:
+            # Probing upwards needs answers: while the workers answer nothing, none.
+            probe = 0.0 if self.timeouts >= self.answered else math.sqrt(self.limit)
+            if gradient < 1.0 or self.answered:
+                target = self.limit * gradient + probe
+                self.limit = max(self.min_limit, min(self.max_limit, target))
+        elif self.limit < self.initial:
+            # Left far from used after a cut: the overload is over, back towards the start.
             self.limit = min(self.initial, self.limit * _RECOVER)
-        self.seen = self.late = self.answered = 0
-        self.judged_at = now
+        self.seen = self.answered = self.timeouts = 0
+        self.total_s = 0.0
+        self.fastest = math.inf
+        self.judged_at = self.last_tick
         self.peak = self.realtime + self.batch
+
+    def _learn_baseline(self, binding: bool) -> None:
+        fastest = self.fastest
+        if self.baseline is None:
+            self.baseline = fastest
+        elif fastest * 2 < self.baseline:
+            # Recovering (a cold start warming up, a slow spell over): fall back quickly.
+            self.baseline = max(fastest, self.baseline * _BASELINE_DROP)
+        else:
+            # While the limit binds, a standing queue may be what the fastest call waited for:
+            # learned ten times more slowly, it cannot drift into the baseline within an
+            # overload, yet a service that did turn slower is followed within half a minute.
+            calls = _BASELINE_CALLS if fastest < self.baseline or not binding else _BOUND_CALLS
+            weight = 1.0 - (1.0 - 1.0 / calls) ** self.answered
+            self.baseline += weight * (fastest - self.baseline)
 
     def delay_s(self, batch: bool) -> float:
         """Estimated queueing delay of a new call of this lane: the calls ahead of it over the

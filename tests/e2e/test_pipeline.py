@@ -112,7 +112,7 @@ def test_http_fraud_matches_direct_onnxruntime(pipeline: Pipeline) -> None:
 
     async def call_all() -> list[dict[str, Any]]:
         limit = asyncio.Semaphore(64)
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=pipeline.headers) as client:
 
             async def one(i: int) -> dict[str, Any]:
                 body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 64],
@@ -166,11 +166,11 @@ def test_tritonclient_calls_the_gateway_unmodified(pipeline: Pipeline) -> None:
     rows = RNG.normal(size=(4, 64)).astype(np.float32)
     infer_input = triton.InferInput("features", list(rows.shape), "FP32")
     infer_input.set_data_from_numpy(rows)  # binary_data=True is the default
-    answer = client.infer("fraud", [infer_input])
+    answer = client.infer("fraud", [infer_input], headers=pipeline.headers)
     got = answer.as_numpy("probabilities")
     expected = _fraud_session().run(None, {"features": rows})[0]
     np.testing.assert_allclose(got, expected, atol=1e-6)
-    assert client.is_model_ready("fraud")
+    assert client.is_model_ready("fraud", headers=pipeline.headers)
 
 
 def test_minilm_paraphrase_is_closer_than_unrelated(pipeline: Pipeline) -> None:
@@ -180,7 +180,12 @@ def test_minilm_paraphrase_is_closer_than_unrelated(pipeline: Pipeline) -> None:
         "The central bank raised interest rates again.",
     ]
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": texts}]}
-    resp = httpx.post(f"{pipeline.base_url}/v2/models/minilm/infer", json=body, timeout=60)
+    resp = httpx.post(
+        f"{pipeline.base_url}/v2/models/minilm/infer",
+        json=body,
+        headers=pipeline.headers,
+        timeout=60,
+    )
     assert resp.status_code == 200, resp.text
     out = resp.json()["outputs"][0]
     emb = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
@@ -236,7 +241,7 @@ def test_sync_timeout_answers_504_and_the_late_answer_is_deadline_exceeded(
     resp = httpx.post(
         f"{pipeline.base_url}/v2/models/fraud/infer",
         json=body,
-        headers={"Request-Timeout": "0.001"},
+        headers={**pipeline.headers, "Request-Timeout": "0.001"},
         timeout=30,
     )
     assert resp.status_code == 504, resp.text
@@ -245,7 +250,9 @@ def test_sync_timeout_answers_504_and_the_late_answer_is_deadline_exceeded(
     assert resp.headers["content-type"].startswith("application/problem+json")
 
     def fetched() -> httpx.Response | None:
-        later = httpx.get(f"{pipeline.base_url}/v2/requests/{request_id}", timeout=10)
+        later = httpx.get(
+            f"{pipeline.base_url}/v2/requests/{request_id}", headers=pipeline.headers, timeout=10
+        )
         return later if later.status_code != 202 else None  # 202: still pending
 
     later = wait_for(fetched, timeout=60, what="the late answer")
@@ -261,7 +268,7 @@ def test_async_flow(pipeline: Pipeline) -> None:
     resp = httpx.post(
         f"{pipeline.base_url}/v2/models/fraud/infer",
         json=body,
-        headers={"Prefer": "respond-async"},
+        headers={**pipeline.headers, "Prefer": "respond-async"},
         timeout=30,
     )
     assert resp.status_code == 202, resp.text
@@ -269,13 +276,15 @@ def test_async_flow(pipeline: Pipeline) -> None:
     assert location.startswith("/v2/requests/")
 
     def done() -> httpx.Response | None:
-        got = httpx.get(f"{pipeline.base_url}{location}", timeout=10)
+        got = httpx.get(f"{pipeline.base_url}{location}", headers=pipeline.headers, timeout=10)
         assert got.status_code in (200, 202), got.text
         return got if got.status_code == 200 else None
 
     final = wait_for(done, timeout=60, what="the async result")
     assert final.json()["outputs"][0]["shape"] == [2, 2]
-    unknown = httpx.get(f"{pipeline.base_url}/v2/requests/{uuid.uuid4().hex}", timeout=10)
+    unknown = httpx.get(
+        f"{pipeline.base_url}/v2/requests/{uuid.uuid4().hex}", headers=pipeline.headers, timeout=10
+    )
     assert unknown.status_code == 404
 
 
@@ -294,7 +303,10 @@ def test_invalid_input_is_a_problem_body_and_nothing_is_published(
     else:
         tensor["name"] = "feature"
     resp = httpx.post(
-        f"{pipeline.base_url}/v2/models/fraud/infer", json={"inputs": [tensor]}, timeout=30
+        f"{pipeline.base_url}/v2/models/fraud/infer",
+        json={"inputs": [tensor]},
+        headers=pipeline.headers,
+        timeout=30,
     )
     assert resp.status_code == 400
     problem = resp.json()
