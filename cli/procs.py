@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,9 @@ class Child:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                # The whole session: a supervisor killed here leaves no child of its own behind.
+                with suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(5)
         self.pidfile.unlink(missing_ok=True)
 
@@ -77,7 +80,8 @@ def stop_recorded(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(0.1)
         if Path(f"/proc/{pid}").exists():
-            os.kill(pid, signal.SIGKILL)
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)  # its session: spawn started it in its own
         pidfile.unlink(missing_ok=True)
         stopped.append(pidfile.stem)
     return stopped

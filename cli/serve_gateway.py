@@ -1,15 +1,36 @@
-"""`tidegate gateway`: serve the V2 HTTP facade (one replica per process, `--workers` of them)."""
+"""`tidegate gateway`: serve the V2 HTTP facade (one replica per process, `--workers` of them).
+
+By default the command is a supervisor (`tidegate.cli.worker_pool.Supervisor`, as `tidegate
+worker --processes` runs) of one child, `tidegate gateway --no-supervise` with the same options,
+which serves: a child that dies (a crash inside a native library, the OOM killer) is restarted
+after a growing delay, and SIGTERM or Ctrl-C stop it gracefully. The child keeps one replica id
+across restarts (`<host>-gateway-<port>` unless one is configured), so a restarted gateway takes
+back its own reply partition and the replies that came while it was down
+(docs/gateway-hardening.md).
+`--no-supervise` serves in this process, for a process manager of your own (systemd, Kubernetes).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from typing import Annotated
 
 import typer
 
-__all__ = ["AUTH_ENABLED_ENV", "gateway"]
+__all__ = ["AUTH_ENABLED_ENV", "REPLICA_ID_ENV", "gateway", "supervised_replica_id"]
 
 AUTH_ENABLED_ENV = "TIDEGATE_AUTH_ENABLED"
+REPLICA_ID_ENV = "TIDEGATE_GATEWAY_REPLICA_ID"
+# The supervisor waits this much longer than the child's own graceful shutdown before killing it.
+STOP_MARGIN_S = 5.0
+
+
+def supervised_replica_id(port: int) -> str:
+    """The replica id a supervised gateway keeps across restarts, unless one is configured:
+    one gateway per port and host."""
+    return os.environ.get(REPLICA_ID_ENV) or f"{socket.gethostname()}-gateway-{port}"
 
 
 def gateway(
@@ -44,6 +65,14 @@ def gateway(
             "local experiments only; never on a reachable address (docs/security.md).",
         ),
     ] = False,
+    supervise: Annotated[
+        bool,
+        typer.Option(
+            "--supervise/--no-supervise",
+            help="Serve from a child process that is restarted if it dies (default); "
+            "--no-supervise serves in this process, for a process manager of your own.",
+        ),
+    ] = True,
 ) -> None:
     """Serve the Open Inference Protocol (V2) over Kafka until SIGTERM or Ctrl-C. Every call is
     authenticated (API keys from `tidegate auth keys create`, or JWTs; docs/security.md) unless
@@ -62,5 +91,28 @@ def gateway(
             fg=typer.colors.RED,
             bold=True,
         )
-    given = {"host": host, "port": port, "workers": workers, "admin": admin}
-    serve({name: value for name, value in given.items() if value is not None})
+    given: dict[str, object] = {"host": host, "port": port, "workers": workers, "admin": admin}
+    overrides = {name: value for name, value in given.items() if value is not None}
+    if not supervise:
+        serve(overrides)
+        return
+    raise typer.Exit(_supervise(overrides))
+
+
+def _supervise(overrides: dict[str, object]) -> int:
+    from tidegate.cli.worker_pool import Slot, Supervisor
+    from tidegate.core.telemetry import configure_logging
+    from tidegate.gateway.gateway_settings import GatewaySettings
+
+    configure_logging()
+    settings = GatewaySettings.model_validate(overrides)
+    argv = [sys.executable, "-m", "tidegate.cli", "gateway", "--no-supervise"]
+    for name, value in overrides.items():
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            argv += [f"--{flag}", str(value)]
+    env = {REPLICA_ID_ENV: supervised_replica_id(settings.port)}
+    slot = Slot(f"gateway on port {settings.port}", argv, env)
+    return Supervisor([slot], stop_timeout_s=settings.shutdown_timeout_s + STOP_MARGIN_S).run()

@@ -6,7 +6,8 @@ supervisor forwards SIGTERM and SIGINT to every child, waits for them within a b
 what is left; a child that exits while no signal came is restarted in its slot, with the same
 command line (so the same worker id), after a growing delay, as gunicorn restarts its workers. It
 sleeps on a wake-up socket that every signal writes to, SIGCHLD included, so it reacts to an exit
-at once and does not poll.
+at once and does not poll. On Linux each child is SIGTERMed when the supervisor dies, even by
+SIGKILL, so that none serves on unsupervised.
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ def _describe(code: int) -> str:
         return f"signal {-code}"
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the supervisor dies, however it dies (SIGKILL
+    included), so that no child serves on unsupervised (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @contextmanager
 def _wakeups(on_stop: Callable[[int], None]) -> Iterator[socket.socket]:
     """SIGTERM and SIGINT call `on_stop`; every one of them and SIGCHLD also write to the socket
@@ -162,7 +172,10 @@ class Supervisor:
     def _start(self, running: _Running) -> None:
         env = {**os.environ, **running.slot.env}
         running.process = subprocess.Popen(  # noqa: S603 - our own CLI, arguments built by us
-            list(running.slot.argv), env=env, stdin=subprocess.DEVNULL
+            list(running.slot.argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         running.started = time.monotonic()
         _log.info("started %s (pid %d)", running.slot.name, running.process.pid)

@@ -2,7 +2,14 @@
 
 The lease is `SET key owner NX PX lease_ms`, one key per partition. Renewal extends it only
 while the key still names this owner, and takes it back if it expired while nobody else claimed
-it; a lease another replica holds is lost, and the owner claims a free partition instead.
+it; a lease another replica holds is lost, and the owner claims a free partition instead. A
+replica claims a partition whose lease still names it, too: a supervised gateway keeps its name
+across restarts (`tidegate.cli.serve_gateway`), so its next process takes back its partition at
+once instead of waiting out its predecessor's lease.
+
+With the lease, the holder records how far it read the partition (`remember`), for an hour: a
+replica that claims the partition next (the same one restarted, or another) reads on from there
+(`position`), so the replies that came while nobody read are still stored for their callers.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from redis.asyncio import Redis
 __all__ = ["LEASE_PREFIX", "PartitionLease", "lease_key"]
 
 LEASE_PREFIX = "tidegate:gateway:reply-lease"
+# How long a recorded position is kept: as long as a result is worth storing for a fetch by id.
+POSITION_TTL_S = 3600
 
 # Extend if ours; re-take if it expired unclaimed; otherwise it is lost (0).
 _RENEW = """
@@ -60,13 +69,14 @@ class PartitionLease:
         return lease_key(self._topic, partition, self._prefix)
 
     async def acquire(self, partitions: int) -> int | None:
-        """Claim the first free partition, starting from one derived from the owner's name so
-        that replicas starting together rarely race for the same key."""
+        """Claim the first partition that is free or still ours, starting from one derived from
+        the owner's name, so that replicas starting together rarely race for the same key and a
+        restarted one finds its own first."""
         start = zlib.crc32(self._owner.encode()) % partitions
         for step in range(partitions):
             partition = (start + step) % partitions
-            claimed = await self._redis.set(
-                self.key(partition), self._owner, nx=True, px=self._lease_ms
+            claimed = await self._redis.eval(  # type: ignore[misc]
+                _RENEW, 1, self.key(partition), self._owner, str(self._lease_ms)
             )
             if claimed:
                 self.partition, self.held = partition, True
@@ -83,6 +93,22 @@ class PartitionLease:
         )
         self.held = bool(kept)
         return self.held
+
+    async def remember(self, offset: int) -> None:
+        """Record that the held partition was read up to `offset` (the next one to read)."""
+        if self.partition is not None and self.held:
+            await self._redis.set(self.position_key(self.partition), offset, ex=POSITION_TTL_S)
+
+    async def position(self, partition: int) -> int | None:
+        """The offset up to which the last holder read `partition`, if recorded."""
+        value = await self._redis.get(self.position_key(partition))
+        try:
+            return int(value) if value is not None else None
+        except ValueError:
+            return None
+
+    def position_key(self, partition: int) -> str:
+        return f"{self.key(partition)}:position"
 
     async def owner_of(self, partition: int) -> str | None:
         value = await self._redis.get(self.key(partition))

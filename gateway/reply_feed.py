@@ -3,12 +3,17 @@ thread.
 
 The consumer joins no group and never rebalances: it is `assign`ed the one partition this
 replica leases, at that partition's end offset read before the replica reports ready (a concrete
-offset: OFFSET_END would resolve lazily, after replies may have landed). Results are decoded in the
-thread and handed to the event loop with `call_soon_threadsafe`, one hand-over (one wake-up of the
-loop) per batch the consumer read. The lease is renewed on the loop every `renew_every_s`; when it
-is lost the replica is not ready until it holds a partition again, possibly another one, to which
-the consumer then moves. With `traced` (tracing on), each reply is handed over with the trace
-context of its headers; otherwise no header is read.
+offset: OFFSET_END would resolve lazily, after replies may have landed), or, when the partition's
+last holder recorded how far it read (`PartitionLease.remember`), from there: the replies that
+came while nobody read it (a gateway restarted by its supervisor) are then stored for the callers
+who fetch them by id (`ReplyRouter` attaches each to its stored request). The start is recorded
+before the replica reports ready, and the position with every renewal.
+
+Results are decoded in the thread and handed to the event loop with `call_soon_threadsafe`, one
+hand-over (one wake-up of the loop) per batch the consumer read. The lease is renewed on the loop
+every `renew_every_s`; when it is lost the replica is not ready until it holds a partition again,
+possibly another one, to which the consumer then moves. With `traced` (tracing on), each reply is
+handed over with the trace context of its headers; otherwise no header is read.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ __all__ = ["KafkaReplyFeed"]
 
 _log = logging.getLogger(__name__)
 _BATCH = 256
+# Replies read again on taking a partition over, at most: older ones are left to the results topic.
+_CATCH_UP_MAX = 100_000
 # A decoded InferenceResult, the framed bytes it came as, and its trace context (when traced).
 Reply = tuple[dict[str, Any], bytes, Context | None]
 
@@ -63,6 +70,12 @@ class KafkaReplyFeed(ReplyFeed):
         self._partitions = 0
         self._want: int | None = None
         self._assigned: int | None = None
+        # Where the wanted partition's last holder stopped reading, if it said; the next offset
+        # this replica will read of the assigned one (written by the consumer thread).
+        self._resume: int | None = None
+        self._read: int | None = None
+        # The first partition and offset, found before the thread starts.
+        self._first: tuple[int, int] | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._renewer: asyncio.Task[None] | None = None
@@ -88,6 +101,19 @@ class KafkaReplyFeed(ReplyFeed):
             consumer.close()
             raise
         await self._claim()
+        if self._want is not None:
+            # Where reading starts is recorded before the replica reports ready: a process that
+            # dies a moment later leaves its successor a place to read on from.
+            want = self._want
+            try:
+                start = await asyncio.to_thread(self._start_offset, consumer, want)
+                await self._lease.remember(start)
+            except (KafkaException, RedisError) as exc:
+                _log.warning(
+                    "could not record where %s[%s] is read from: %s", self._topic, want, exc
+                )
+            else:
+                self._first = (want, start)
         self._thread = threading.Thread(
             target=self._run, args=(consumer, loop, deliver), name="gateway-replies", daemon=True
         )
@@ -122,27 +148,59 @@ class KafkaReplyFeed(ReplyFeed):
             return
         if not self._lease.held:
             _log.warning("no free partition of %s: replica not ready", self._topic)
-        self._want = self._lease.partition if self._lease.held else None
+        want = self._lease.partition if self._lease.held else None
+        if want is not None and want != self._want:
+            try:
+                self._resume = await self._lease.position(want)
+            except RedisError as exc:
+                _log.warning("could not read where %s[%s] was left: %s", self._topic, want, exc)
+                self._resume = None
+        self._want = want
 
     async def _renew_forever(self) -> None:
         while True:
             await asyncio.sleep(self._renew_every_s)
             await self._claim()
+            read = self._read
+            if read is not None and self._assigned == self._lease.partition:
+                try:
+                    await self._lease.remember(read)
+                except RedisError as exc:
+                    _log.warning("could not record the replies read: %s", exc)
 
     def _assign(self, consumer: Consumer, partition: int | None) -> bool:
         try:
             if partition is None:
                 consumer.unassign()
             else:
-                tp = TopicPartition(self._topic, partition)
-                _, high = consumer.get_watermark_offsets(tp, timeout=self._timeout_s)
-                consumer.assign([TopicPartition(self._topic, partition, high)])
+                first, self._first = self._first, None
+                start = first[1] if first and first[0] == partition else None
+                if start is None:
+                    start = self._start_offset(consumer, partition)
+                consumer.assign([TopicPartition(self._topic, partition, start)])
+                self._read = start
         except KafkaException as exc:
             _log.warning("could not assign %s[%s]: %s", self._topic, partition, exc)
             return False
         self._assigned = partition
         _log.info("reading replies from %s[%s]", self._topic, partition)
         return True
+
+    def _start_offset(self, consumer: Consumer, partition: int) -> int:
+        """The partition's end, or where its last holder stopped reading, if that is later
+        than the oldest reply kept and fewer than `_CATCH_UP_MAX` replies ago."""
+        tp = TopicPartition(self._topic, partition)
+        low, high = consumer.get_watermark_offsets(tp, timeout=self._timeout_s)
+        resume = self._resume
+        if resume is not None and max(low, high - _CATCH_UP_MAX) <= resume < high:
+            _log.info(
+                "%d replies came to %s[%s] while nobody read it: reading them",
+                high - resume,
+                self._topic,
+                partition,
+            )
+            return int(resume)
+        return int(high)
 
     def _run(self, consumer: Consumer, loop: asyncio.AbstractEventLoop, deliver: Deliver) -> None:
         try:
@@ -164,6 +222,9 @@ class KafkaReplyFeed(ReplyFeed):
     def _decoded(self, messages: list[Message]) -> list[Reply]:
         replies: list[Reply] = []
         traced = self._traced
+        last = messages[-1].offset() if messages and messages[-1].error() is None else None
+        if last is not None:
+            self._read = last + 1
         for msg in messages:
             if msg.error() is not None:
                 _log.warning("replies consumer: %s", msg.error())

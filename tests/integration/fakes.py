@@ -47,6 +47,8 @@ class FakeWorker:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
         self.seen: list[dict[str, Any]] = []
+        # When each request was answered (time.monotonic()), by request id.
+        self.answered: dict[str, float] = {}
 
     def start(self) -> FakeWorker:
         self._schema_id = self._encoder.schema_id(f"{self._topics.results}-value")
@@ -83,6 +85,7 @@ class FakeWorker:
             self._producer.poll(0)
 
     def _answer(self, request: dict[str, Any]) -> None:
+        self.answered[str(request["request_id"])] = time.monotonic()
         value = self._encoder.encode(compute(request), self._schema_id)
         key = request_key(request)
         self._producer.produce(self._topics.results, key=key, value=value)

@@ -1,6 +1,8 @@
-"""`tidegate gateway --workers 2` as a user runs it: two processes on one port, each a replica
-leasing its own reply partition, both answering calls through the port, and all of them gone
-soon after SIGTERM to the parent. A fake worker answers on the test's own topics."""
+"""`tidegate gateway` as a user runs it: supervised, so that a gateway process that dies is
+started again and takes back its reply partition and the replies that came meanwhile; with
+`--workers 2`, two processes on one port, each a replica leasing its own reply partition, both
+answering calls through the port, and all of them gone soon after SIGTERM to the parent. A fake
+worker answers on the test's own topics."""
 
 from __future__ import annotations
 
@@ -31,7 +33,12 @@ T = TypeVar("T", bound=Sized)
 
 
 def children(pid: int) -> set[int]:
-    return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    """Every process below `pid`: the supervised gateway, and its own workers."""
+    try:
+        direct = {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+    return direct.union(*(children(c) for c in direct))
 
 
 def spawned(pids: set[int]) -> set[int]:
@@ -127,4 +134,53 @@ def test_workers_share_the_port_each_on_its_own_reply_partition(
         for pid in everyone:
             if not gone(pid):  # the parent was killed before it could stop them
                 os.kill(pid, signal.SIGKILL)
+        client.close()
+
+
+def test_a_gateway_process_that_dies_is_restarted_and_keeps_the_replies_it_missed(
+    topics: TopicSettings, lifecycle: None, worker: FakeWorker, tmp_path: Path
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**topic_env(topics), "TIDEGATE_GATEWAY_PORT": str(port)}
+    # Not about authentication: the caller is the same one before and after the restart.
+    child = spawn("gateway", ["gateway", "--no-admin", "--insecure"], tmp_path, env)
+    client = redis.Redis.from_url(RedisSettings().url)
+    try:
+        wait_http(f"{base}/v2/health/ready", child, 120)
+        (served,) = children(child.process.pid)
+        held = leases(client, topics)
+        assert len(held) == 1
+        request_id = unique("kept")
+        accepted = httpx.post(
+            f"{base}/v2/models/fraud/infer",
+            json=fraud_body(id=request_id, parameters={"fake_delay_s": 1.0}),
+            headers={"Prefer": "respond-async"},
+            timeout=30,
+        )
+        assert accepted.status_code == 202, accepted.text
+        os.kill(served, signal.SIGKILL)  # as a crash in librdkafka, or the OOM killer, would
+
+        def restarted() -> int | None:
+            now = children(child.process.pid) - {served}
+            return next(iter(now)) if now else None
+
+        again = wait_for(restarted, timeout=60, what="the supervisor to start the gateway again")
+        wait_http(f"{base}/v2/health/ready", child, 120)
+        ready_at = time.monotonic()
+        assert worker.answered[request_id] < ready_at, "the reply came while nobody read it"
+        assert leases(client, topics) == held, "the same replica took its own partition back"
+
+        def fetched() -> httpx.Response | None:
+            resp = httpx.get(f"{base}{accepted.headers['Location']}", timeout=10)
+            assert resp.status_code in (200, 202), resp.text
+            return resp if resp.status_code == 200 else None
+
+        result = wait_for(fetched, timeout=30, what="the result, fetched after the restart")
+        assert result.json()["outputs"][0]["data"] == [6, 3, 22, 7]
+        assert child.process.poll() is None, "the supervisor is still up"
+        assert "exited with signal SIGKILL" in child.log.read_text(errors="replace")
+        assert not gone(again)
+    finally:
+        child.stop()
         client.close()

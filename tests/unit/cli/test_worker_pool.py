@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -107,6 +108,25 @@ def test_a_signal_reaches_every_child_and_a_clean_stop_exits_0(
     assert {(tmp_path / f"{pid}.stop").read_text() for pid in pids} == {signum.name}
     assert not any(alive(pid) for pid in pids)
     assert {s: signal.getsignal(s) for s in before} == before, "handlers not restored"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_supervisor_killed_outright_takes_its_children_with_it(tmp_path: Path) -> None:
+    # A supervisor of its own, in a process this test can SIGKILL.
+    run = (
+        "import sys; from tidegate.cli.worker_pool import Slot, Supervisor; "
+        f"Supervisor([Slot('child', [sys.executable, '-c', {SERVE!r}, {str(tmp_path)!r}])], "
+        "stop_timeout_s=10).run()"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", run])
+    try:
+        (child,) = wait_for(lambda: ups(tmp_path, 1), timeout=20, what="the child up")
+        parent.kill()
+        parent.wait(10)
+        wait_for(lambda: not alive(child), timeout=20, what="the orphaned child to stop")
+        assert (tmp_path / f"{child}.stop").read_text() == "SIGTERM"
+    finally:
+        parent.kill()
 
 
 def test_a_failing_child_is_restarted_in_its_slot_with_growing_delays(tmp_path: Path) -> None:
