@@ -3,7 +3,7 @@
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
 (or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
-`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`) runs one part.
+`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `chaos`) runs one part.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sys
 
 from tests.bench import (
     auth_cost,
+    chaos,
     codec,
     failure_cost,
     faust_vs_confluent,
@@ -42,6 +43,7 @@ PARTS = {
     "refusal": refusal_cost.run,
     "lanes": lanes.run,
     "ratelimits": rate_limit_cost.run,
+    "chaos": chaos.run,
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from tests.bench.bench_keys import infer_headers
 from tests.bench.overload_load import Answers, Sampler, http_overload, workers_lag
 from tests.bench.pipeline import STEP_S, kafka_attempt, wait_group_settled
-from tests.bench.versus import cpu_seconds
+from tests.bench.versus import cpu_seconds, process_tree
 from tests.support import free_port, unique
 from tidegate.cli.demo import fraud_body, fraud_record
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load, percentile
@@ -271,17 +271,18 @@ def run() -> None:
         pids = {c.name: c.process.pid for c in children}
         url = f"{base}/v2/models/fraud/infer"
 
-        gateway_pid = [children[2].process.pid]
+        # The supervised gateway: its serving child, counted below the supervisor.
+        gateway_pid = children[2].process.pid
         # (gateway CPU seconds, calls answered 200) per sweep step
         step_cpu: list[tuple[float, int]] = []
 
         def http_step(rate: float) -> LoadResult:
             count = max(1, int(rate * STEP_S))
-            before = cpu_seconds(gateway_pid)
+            before = cpu_seconds(process_tree(gateway_pid))
             result = asyncio.run(
                 http_load("http", url, fraud_body, rate=rate, count=count, headers=headers)
             )
-            step_cpu.append((cpu_seconds(gateway_pid) - before, result.ok))
+            step_cpu.append((cpu_seconds(process_tree(gateway_pid)) - before, result.ok))
             return result
 
         http_step(50)  # warm: the workers' sessions, the gateway's key cache and connections
@@ -291,14 +292,14 @@ def run() -> None:
         # The gateway's CPU per accepted call at the last rate it sustained, less what it spends
         # idle (its lag probe, lifecycle feed, reply consumer): measured over 3 quiet seconds.
         _drain_s(lag)
-        idle_from = cpu_seconds(gateway_pid)
+        idle_from = cpu_seconds(process_tree(gateway_pid))
         time.sleep(3)
-        idle = (cpu_seconds(gateway_pid) - idle_from) / 3
+        idle = (cpu_seconds(process_tree(gateway_pid)) - idle_from) / 3
         # The last sustained step (the first entry is the warm-up), else the first one.
         step = step_cpu[max(1, len(step_cpu) - 2)]
         per_ok = max(0.0, step[0] - idle * STEP_S) / max(1, step[1])
         served_before = _served_within(base, SLO_S)
-        before = cpu_seconds(gateway_pid)
+        before = cpu_seconds(process_tree(gateway_pid))
         with Sampler(pids, lag) as sampler:
             answers = asyncio.run(
                 http_overload(
@@ -309,7 +310,7 @@ def run() -> None:
                     headers={**headers, "Request-Timeout": "1"},
                 )
             )
-        cpu = cpu_seconds(gateway_pid) - before - idle * answers.seconds
+        cpu = cpu_seconds(process_tree(gateway_pid)) - before - idle * answers.seconds
         served_after = _served_within(base, SLO_S)
         drain = _drain_s(lag)
         _report_http(answers, max(sustained, 1.0), offered, sampler)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.bench.versus import process_tree
 from tidegate.clients.loadgen import percentile
 from tidegate.core.kafka import make_offset_reader
 from tidegate.core.settings import KafkaSettings
@@ -159,7 +160,7 @@ class Sampler:
         start = time.monotonic()
         while not self._stop.wait(0 if not self.lags else 1.0):
             for name, pid in self._pids.items():
-                self.rss[name].append(rss_mb(pid))
+                self.rss[name].append(sum(rss_mb(p) for p in process_tree(pid)))
             try:
                 self.lags.append((time.monotonic() - start, self._lag()))
             except Exception as exc:  # a slow admin answer under load: the sample is skipped

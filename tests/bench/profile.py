@@ -37,7 +37,9 @@ def record(pid: int, name: str) -> subprocess.Popen[bytes]:
     """py-spy on `pid` for SECONDS; its raw collapsed stacks go to OUT/<name>.txt (flame graph
     tools such as speedscope and inferno read them)."""
     OUT.mkdir(parents=True, exist_ok=True)
-    args = ["record", "--gil", "--nonblocking", "-p", str(pid), "-d", str(SECONDS)]
+    # --subprocesses: the gateway serves from a child of its supervisor.
+    args = ["record", "--gil", "--nonblocking", "--subprocesses", "-p", str(pid)]
+    args += ["-d", str(SECONDS)]
     return subprocess.Popen(
         [PY_SPY, *args, "-f", "raw", "-o", str(OUT / f"{name}.txt")],
         stdout=subprocess.DEVNULL,

@@ -252,11 +252,16 @@ def controller() -> Iterator[list[int]]:
 def tidegate_cpu(
     workers: list[int], ctl: list[int], gateway: list[int] | None = None
 ) -> CpuReaders:
+    # Each process with everything below it, read when counted: the gateway serves from a child
+    # of its supervisor, which a restart replaces.
+    def trees(pids: list[int]) -> list[int]:
+        return [p for pid in pids for p in process_tree(pid)]
+
     cpu: CpuReaders = {}
     if gateway is not None:
-        cpu["gateway"] = lambda: cpu_seconds(gateway)
-    cpu["workers"] = lambda: cpu_seconds(workers)
-    cpu["controller"] = lambda: cpu_seconds(ctl)
+        cpu["gateway"] = lambda: cpu_seconds(trees(gateway))
+    cpu["workers"] = lambda: cpu_seconds(trees(workers))
+    cpu["controller"] = lambda: cpu_seconds(trees(ctl))
     return {**cpu, **stack_cpu()}
 
 
