@@ -108,7 +108,8 @@ def _kafka_outage(headers: dict[str, str]) -> None:
         os.kill(int(_KAFKA_PID.read_text().split()[0]), signal.SIGKILL)
         time.sleep(15)
         starting = subprocess.Popen(["make", "up"], stdout=subprocess.DEVNULL)
-        probe = Producer(connection_config(KafkaSettings()))
+        # Quiet: librdkafka logs every refused connection while the broker is down.
+        probe = Producer({**connection_config(KafkaSettings()), "log_level": 0})
         while not _broker_answers(probe):
             time.sleep(0.2)
         marks["broker"] = time.monotonic()
