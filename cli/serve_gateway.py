@@ -19,6 +19,9 @@ from typing import Annotated
 
 import typer
 
+from tidegate.cli.worker_pool import Slot, Supervisor
+from tidegate.core.telemetry import configure_logging
+
 __all__ = ["AUTH_ENABLED_ENV", "REPLICA_ID_ENV", "gateway", "supervised_replica_id"]
 
 AUTH_ENABLED_ENV = "TIDEGATE_AUTH_ENABLED"
@@ -100,8 +103,6 @@ def gateway(
 
 
 def _supervise(overrides: dict[str, object]) -> int:
-    from tidegate.cli.worker_pool import Slot, Supervisor
-    from tidegate.core.telemetry import configure_logging
     from tidegate.gateway.gateway_settings import GatewaySettings
 
     configure_logging()

@@ -21,8 +21,8 @@ class Recorder:
         self.slots: list[Slot] = []
         self.stop_timeout_s = 0.0
         self.served: list[dict[str, Any]] = []
-        monkeypatch.setattr("tidegate.cli.worker_pool.Supervisor", self.supervisor)
-        monkeypatch.setattr("tidegate.core.telemetry.configure_logging", lambda: None)
+        monkeypatch.setattr(serve_gateway, "Supervisor", self.supervisor)
+        monkeypatch.setattr(serve_gateway, "configure_logging", lambda: None)
         monkeypatch.setattr("tidegate.gateway.serving.serve", self.served.append)
         for name in [n for n in os.environ if n.startswith("TIDEGATE_GATEWAY_")]:
             monkeypatch.delenv(name)
