@@ -10,6 +10,7 @@ import asyncio
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,8 +19,9 @@ import pytest
 import uvicorn
 
 from tests.integration.fakes import register_subjects
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 from tests.unit.gateway_harness import ECHO, FRAUD
+from tidegate.cli.procs import Child, spawn
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -45,6 +47,7 @@ __all__ = [
     "gateway_topics",
     "lifecycle",
     "served",
+    "spawn_gateway",
     "topic_env",
     "topics",
 ]
@@ -72,6 +75,13 @@ def gateway_topics(
     with RegistryHttp(registry_settings) as http:
         list(register_all(http, {f"{settings.lifecycle}-value": MODEL_LIFECYCLE_EVENT}))
     return settings
+
+
+def spawn_gateway(topics: TopicSettings, run_dir: Path, *args: str) -> tuple[Child, str]:
+    """`tidegate gateway ARGS...` on these topics and a free port; the child and its base URL."""
+    port = free_port()
+    env = {**topic_env(topics), "TIDEGATE_GATEWAY_PORT": str(port)}
+    return spawn("gateway", ["gateway", *args], run_dir, env), f"http://127.0.0.1:{port}"
 
 
 def topic_env(topics: TopicSettings) -> dict[str, str]:

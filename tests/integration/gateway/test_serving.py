@@ -19,7 +19,7 @@ import redis
 
 from tests.integration.fakes import FakeWorker
 from tests.integration.gateway import gateway_fixtures
-from tests.integration.gateway.gateway_fixtures import fraud_body, topic_env
+from tests.integration.gateway.gateway_fixtures import fraud_body, spawn_gateway, topic_env
 from tests.support import free_port, unique, wait_for
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.settings import RedisSettings, TopicSettings
@@ -140,11 +140,8 @@ def test_workers_share_the_port_each_on_its_own_reply_partition(
 def test_a_gateway_process_that_dies_is_restarted_and_keeps_the_replies_it_missed(
     topics: TopicSettings, lifecycle: None, worker: FakeWorker, tmp_path: Path
 ) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**topic_env(topics), "TIDEGATE_GATEWAY_PORT": str(port)}
     # Not about authentication: the caller is the same one before and after the restart.
-    child = spawn("gateway", ["gateway", "--no-admin", "--insecure"], tmp_path, env)
+    child, base = spawn_gateway(topics, tmp_path, "--no-admin", "--insecure")
     client = redis.Redis.from_url(RedisSettings().url)
     try:
         wait_http(f"{base}/v2/health/ready", child, 120)
