@@ -12,24 +12,21 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tests.unit.cli.supervision import RecordedSupervisor
 from tidegate.cli import serve_gateway
-from tidegate.cli.worker_pool import Slot
 
 
-class Recorder:
+class Recorder(RecordedSupervisor):
+    """Stands in for the Supervisor, and for the server of `--no-supervise`."""
+
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.slots: list[Slot] = []
-        self.stop_timeout_s = 0.0
+        super().__init__()
         self.served: list[dict[str, Any]] = []
-        monkeypatch.setattr(serve_gateway, "Supervisor", self.supervisor)
+        monkeypatch.setattr(serve_gateway, "Supervisor", self)
         monkeypatch.setattr(serve_gateway, "configure_logging", lambda: None)
         monkeypatch.setattr("tidegate.gateway.serving.serve", self.served.append)
         for name in [n for n in os.environ if n.startswith("TIDEGATE_GATEWAY_")]:
             monkeypatch.delenv(name)
-
-    def supervisor(self, slots: list[Slot], *, stop_timeout_s: float) -> Any:
-        self.slots, self.stop_timeout_s = slots, stop_timeout_s
-        return type("Done", (), {"run": lambda _self: 0})()
 
 
 def invoke(*args: str) -> Any:

@@ -23,6 +23,7 @@ import typer
 from typer.testing import CliRunner
 
 from tests.support import wait_for
+from tests.unit.cli.supervision import RecordedSupervisor
 from tidegate.cli import serve_worker
 from tidegate.cli.worker_pool import Backoff, Slot, Supervisor, worker_slots
 
@@ -225,22 +226,17 @@ def test_worker_slots_name_each_slot_and_give_it_its_own_metrics_port() -> None:
     ]
 
 
-class Recorder:
+class Recorder(RecordedSupervisor):
     """Stands in for the Supervisor (and the in-process worker) in `tidegate worker`."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.slots: list[Slot] = []
-        self.stop_timeout_s = 0.0
+        super().__init__()
         self.in_process: list[Any] = []
-        monkeypatch.setattr(serve_worker, "Supervisor", self.supervisor)
+        monkeypatch.setattr(serve_worker, "Supervisor", self)
         monkeypatch.setattr(serve_worker, "configure_logging", lambda: None)
         monkeypatch.setattr("tidegate.agents.faust_app.run_worker", self.in_process.append)
         for name in [n for n in os.environ if n.startswith("TIDEGATE_WORKER_")]:
             monkeypatch.delenv(name)
-
-    def supervisor(self, slots: list[Slot], *, stop_timeout_s: float) -> Any:
-        self.slots, self.stop_timeout_s = slots, stop_timeout_s
-        return type("Done", (), {"run": lambda _self: 0})()
 
 
 def invoke(*args: str) -> Any:
