@@ -20,7 +20,14 @@ from typing import Annotated, Any
 
 import typer
 
-from tidegate.cli.demo_lifecycle import bootstrap, demo_keys, showcase
+from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.cli.demo_lifecycle import (
+    bootstrap,
+    demo_keys,
+    showcase,
+    wait_group_settled,
+    wait_warm,
+)
 from tidegate.cli.procs import spawn, stop_recorded, wait_http
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 from tidegate.models.model_settings import ModelSettings
@@ -29,6 +36,8 @@ from tidegate.schemas.tensors import from_numpy
 __all__ = ["demo", "demo_stop"]
 
 RUN_DIR = Path("var/demo")
+# The demo's worker processes, by worker id, each with its own metrics port.
+WORKERS = {"demo-w1": 9101, "demo-w2": 9102}
 TEXTS = [
     "A man is playing a guitar on stage.",
     "Someone performs music with a guitar in front of an audience.",
@@ -109,15 +118,13 @@ def demo(
     infer_headers = {"Authorization": f"Bearer {keys['infer']}"}
     children = [
         spawn("controller", ["controller", "--migrate"], RUN_DIR),
-        spawn(
-            "worker-1",
-            ["worker", "--processes", "1", "--worker-id", "demo-w1", "--metrics-port", "9101"],
-            RUN_DIR,
-        ),
-        spawn(
-            "worker-2",
-            ["worker", "--processes", "1", "--worker-id", "demo-w2", "--metrics-port", "9102"],
-            RUN_DIR,
+        *(
+            spawn(
+                f"worker-{n}",
+                ["worker", "--processes", "1", "--worker-id", wid, "--metrics-port", str(port)],
+                RUN_DIR,
+            )
+            for n, (wid, port) in enumerate(WORKERS.items(), start=1)
         ),
         # As shipped: authentication on, the default admission objective.
         spawn("gateway", ["gateway"], RUN_DIR),
@@ -126,11 +133,14 @@ def demo(
     canary: list[LoadResult] = []
     try:
         with console.status("starting the controller, 2 workers and 1 gateway, loading models"):
-            for child, port in zip(children[1:3], (9101, 9102), strict=True):
+            for child, port in zip(children[1:3], WORKERS.values(), strict=True):
                 wait_http(f"http://127.0.0.1:{port}/metrics", child, 120)
             wait_http(f"{base}/v2/health/ready", children[3], 120)
             for model in ("fraud", "minilm"):
                 wait_http(f"{base}/v2/models/{model}/ready", children[3], 120, infer_headers)
+                wait_warm(model, "1", set(WORKERS))
+            # Ready means both workers serve: each warm, and each holding its partitions.
+            wait_group_settled(WorkerSettings().group_id, members=len(WORKERS))
         run = uuid.uuid4().hex[:8]
         plan = [
             ("HTTP", "fraud", 200.0, int(1000 * scale)),
@@ -183,7 +193,7 @@ def demo(
             def traffic(stage: str) -> Callable[[int], dict[str, Any]]:
                 return functools.partial(_with_run, fraud_record, f"{run}-{stage}-{uuid.uuid4()}")
 
-            staged = showcase(console, kafka, traffic, {"demo-w1", "demo-w2"}, scale)
+            staged = showcase(console, kafka, traffic, set(WORKERS), scale)
             results.append(staged[0])
             canary.extend(staged[1:])
     finally:
@@ -211,6 +221,8 @@ def demo(
                 f"{r.label}: {r.shed} calls were shed (503, Retry-After) by admission control and "
                 "sent again after Retry-After; their latency includes the wait (docs/overload.md)"
             )
+            for reason, n in sorted(r.shed_reasons.items(), key=lambda kv: -kv[1]):
+                console.print(f"  {n} refused: {reason}")
     if keep:
         console.print(f"Workers and gateway keep running ({base}); `make down` stops them.")
         console.print("Call it with the API keys printed above (Authorization: Bearer tg_...).")

@@ -22,12 +22,14 @@ from tidegate.cli.auth_commands import issue
 from tidegate.cli.lifecycle_tables import compare_table, history_table
 from tidegate.clients.loadgen import KafkaLoad, LoadResult
 from tidegate.core.errors import ModelNotFoundError, TidegateError
+from tidegate.core.kafka import make_admin
+from tidegate.core.settings import KafkaSettings
 from tidegate.gateway.identity import Grant
 from tidegate.lifecycle.domain.render import event_view
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.lifecycle.operations.sessions import command_session
 
-__all__ = ["SERVED", "bootstrap", "demo_keys", "showcase"]
+__all__ = ["SERVED", "bootstrap", "demo_keys", "showcase", "wait_group_settled", "wait_warm"]
 
 T = TypeVar("T")
 ACTOR = "local:demo"
@@ -117,6 +119,25 @@ def wait_warm(model: str, version: str, workers: set[str], timeout_s: float = 12
         return found is not None and workers <= found.loaded_on
 
     _wait(f"{model} {version} warm on {sorted(workers)}", warm, timeout_s)
+
+
+def wait_group_settled(group: str, members: int, timeout_s: float = 120.0) -> None:
+    """Until the workers' group is stable with `members` members each holding partitions.
+
+    A worker reports its models warm before it joins the group; traffic sent before the last
+    one has its partitions meets the cooperative rebalance (partitions revoked from one worker
+    reach the other a heartbeat later), whose stall reads as queueing to admission.
+    """
+    from confluent_kafka import ConsumerGroupState
+
+    admin = make_admin(KafkaSettings())
+
+    def settled() -> bool:
+        found = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        owners = [m for m in found.members if m.assignment.topic_partitions]
+        return found.state == ConsumerGroupState.STABLE and len(owners) == members
+
+    _wait(f"consumer group {group} stable with {members} members", settled, timeout_s)
 
 
 def showcase(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import uuid
@@ -43,6 +44,8 @@ class LoadResult:
     statuses: dict[str, int] = field(default_factory=dict)
     shed: int = 0
     """503s with `Retry-After` that were sent again after it (`http_load(retry_shed=...)`)."""
+    shed_reasons: dict[str, int] = field(default_factory=dict)
+    """The shed calls by the refusal's `detail`, its numbers masked: which check refused."""
     records: list[dict[str, Any]] = field(default_factory=list)
     """The result records themselves, when the load was started with `keep_records`."""
 
@@ -63,6 +66,8 @@ class LoadResult:
             out.errors += part.errors
             out.lost += part.lost
             out.shed += part.shed
+            for reason, n in part.shed_reasons.items():
+                out.shed_reasons[reason] = out.shed_reasons.get(reason, 0) + n
             out.elapsed_s += part.elapsed_s
             out.latencies.extend(part.latencies)
             out.batch_sizes.extend(part.batch_sizes)
@@ -277,6 +282,17 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+def _refusal_kind(body: bytes) -> str:
+    """A problem body's `detail` with its numbers masked, so refusals by one check count as one."""
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if not isinstance(detail, str):
+        return "(no detail)"
+    return re.sub(r"\d+(\.\d+)?", "N", detail)
+
+
 async def http_load(
     label: str,
     url: str,
@@ -317,10 +333,13 @@ async def http_load(
                 wait_s = None
                 try:
                     async with session.post(url, data=body, headers=sent_headers) as resp:
-                        await resp.read()
+                        answer = await resp.read()
                         status = "OK" if resp.status == 200 else f"HTTP {resp.status}"
                         if resp.status == 503 and attempt < retry_shed:
                             wait_s = _retry_after(resp.headers.get("Retry-After"))
+                            if wait_s is not None:
+                                reason = _refusal_kind(answer)
+                                result.shed_reasons[reason] = result.shed_reasons.get(reason, 0) + 1
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     status = type(exc).__name__
                 if wait_s is None:

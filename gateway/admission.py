@@ -15,7 +15,8 @@ Three checks, each O(1) on numbers kept up to date once per tick (`tidegate.gate
 The gateway itself may be the bottleneck (issue 12 found it at 0.6-0.9 cores): then calls wait in
 the socket before they are read, which no call's latency shows. So the event loop's lateness is
 watched too (`loop_lag`, stepped every `LOOP_CHECK_S` by the app): a tick in which it ran later
-than half the SLO shrinks every model's limit, as queueing calls do.
+than half the SLO on two checks in a row shrinks every model's limit, as queueing calls do (one
+late check is the host descheduling the process, not a queue).
 
 `refusal` answers why a call would be refused, without raising: the HTTP protocol layer
 (`tidegate.gateway.slow_clients`) asks it before a request's body is read or any middleware runs.

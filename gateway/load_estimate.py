@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 __all__ = ["KafkaBacklog", "LoopLag", "ModelLoad"]
 
@@ -260,24 +261,34 @@ class KafkaBacklog:
 
 
 class LoopLag:
-    """How late the event loop runs a timer: `step` is called every few milliseconds (by a
-    `tidegate.core.aio.Periodic`), and `take` answers the worst lateness since it last did.
+    """How late the event loop runs a timer, sustained: `step` is called every few milliseconds
+    (by a `tidegate.core.aio.Periodic`), and `take` answers the worst lateness since it last did
+    that two checks in a row both showed.
 
-    A saturated gateway is the bottleneck of issue 12: its calls then wait in the socket before
-    the protocol reads them, a delay no call's own latency shows.
+    A saturated gateway is a bottleneck of its own: its calls then wait in the socket before the
+    protocol reads them, a delay no call's own latency shows, and every check runs late. A host
+    that deschedules the process once (a noisy neighbour, a page fault, a collection) makes one
+    check late and the next on time: that is no queue, and counting it could cut a model's
+    limit on a busy machine until a load it serves was shed.
     """
 
-    __slots__ = ("_due", "_every_s", "worst")
+    __slots__ = ("_clock", "_due", "_every_s", "_previous", "worst")
 
-    def __init__(self, every_s: float) -> None:
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._every_s = every_s
+        self._clock = clock
         self._due: float | None = None
+        self._previous = 0.0
         self.worst = 0.0
 
     async def step(self) -> None:
-        now = time.monotonic()
-        if self._due is not None and now - self._due > self.worst:
-            self.worst = now - self._due
+        now = self._clock()
+        if self._due is not None:
+            late = max(0.0, now - self._due)
+            sustained = min(late, self._previous)
+            if sustained > self.worst:
+                self.worst = sustained
+            self._previous = late
         self._due = now + self._every_s
 
     def take(self) -> float:

@@ -23,6 +23,7 @@ import numpy as np
 from tests.bench.bench_keys import infer_headers
 from tests.support import unique
 from tidegate.cli.demo import TEXTS, fraud_body, fraud_record, minilm_body, minilm_record
+from tidegate.cli.demo_lifecycle import wait_group_settled
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 
 __all__ = ["BARS", "STEP_S", "kafka_attempt", "run", "wait_group_settled"]
@@ -148,26 +149,6 @@ def _http_attempt(model: str, base: str, headers: dict[str, str], rate: float) -
     return asyncio.run(
         http_load(f"http {model}", url, body, rate=rate, count=count, headers=headers)
     )
-
-
-def wait_group_settled(group: str, members: int, timeout_s: float = 60.0) -> None:
-    """Until the workers' group is stable with every member holding partitions: measuring
-    during the cooperative rebalance of workers that just joined times the rebalance (partitions
-    revoked from one worker reach the other a heartbeat later), not the pipeline."""
-    from confluent_kafka import ConsumerGroupState
-
-    from tidegate.core.kafka import make_admin
-    from tidegate.core.settings import KafkaSettings
-
-    admin = make_admin(KafkaSettings())
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = admin.describe_consumer_groups([group])[group].result(timeout=10)
-        owners = [m for m in found.members if m.assignment.topic_partitions]
-        if found.state == ConsumerGroupState.STABLE and len(owners) == members:
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"consumer group {group} did not settle with {members} members")
 
 
 def run() -> None:

@@ -20,8 +20,9 @@ async def serve(refusals: int) -> tuple[web.AppRunner, str, list[int]]:
         calls.append(i)
         seen[i] = seen.get(i, 0) + 1
         if seen[i] <= refusals:
+            detail = f"{seen[i] + 40} calls of x are in flight, the most its latency allows"
             return web.json_response(
-                {"code": "OVERLOADED"}, status=503, headers={"Retry-After": "0"}
+                {"code": "OVERLOADED", "detail": detail}, status=503, headers={"Retry-After": "0"}
             )
         return web.json_response({"outputs": []})
 
@@ -47,6 +48,8 @@ async def test_a_shed_call_is_retried_after_retry_after_and_counted() -> None:
         await runner.cleanup()
     assert (result.sent, result.ok, result.errors, result.shed) == (5, 5, 0, 5)
     assert sorted(calls) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    # which check refused, its numbers masked so that one check counts once
+    assert result.shed_reasons == {"N calls of x are in flight, the most its latency allows": 5}
 
 
 async def test_retries_are_bounded_and_off_by_default() -> None:

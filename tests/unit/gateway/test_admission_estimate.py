@@ -13,7 +13,7 @@ import pytest
 from tidegate.core.errors import OverloadedError
 from tidegate.gateway.admission import BATCH, REALTIME, Admission
 from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.load_estimate import KafkaBacklog
+from tidegate.gateway.load_estimate import KafkaBacklog, LoopLag
 
 SLO_S = 0.1
 
@@ -337,3 +337,22 @@ def test_calls_that_time_out_are_slow_but_no_service_rate() -> None:
     assert load is not None
     assert load.rate == 0.0  # nothing was served
     assert load.delay_s(False) == 0.0
+
+
+async def test_the_loop_counts_as_late_only_when_two_checks_in_a_row_are() -> None:
+    clock = Clock()
+    lag = LoopLag(0.02, clock=clock)
+    await lag.step()
+    # One check 200 ms late, the next on time: the host descheduled the process once.
+    clock.now += 0.22
+    await lag.step()
+    clock.now += 0.02
+    await lag.step()
+    assert lag.take() == 0.0
+    # Every check late (a loop busy with its own work): sustained, the smaller of the two.
+    clock.now += 0.09
+    await lag.step()
+    clock.now += 0.08
+    await lag.step()
+    assert lag.take() == pytest.approx(0.06)
+    assert lag.take() == 0.0
