@@ -41,6 +41,7 @@ def test_make_demo_runs_the_pipeline_end_to_end() -> None:
         # the demo runs after the whole suite on the same cores (one CI run shed 103 of 1,000).
         if shed:
             print(f"{cells[1].strip()} {cells[2].strip()}: {shed} calls shed and retried")
+            print("\n".join(line for line in out.splitlines() if " refused: " in line))
         if cells[2].strip() == "fraud-canary":
             assert errors > 0, "fraud 3 fails a fifth of its inputs while it takes traffic"
             assert sent == ok + errors
