@@ -2,7 +2,9 @@
 
 Bytes the codec cannot decode (bad frame, unknown schema id, body not matching its schema) are
 poison. So is a tensor whose data does not fit its own shape and datatype: the request is then
-also answered INVALID, since its id (and so a waiting caller) is known.
+also answered INVALID, since its id (and so a waiting caller) is known. So is a `reply_to` that
+names anything but a partition of the replies topic: anyone who may produce requests could
+otherwise write results into any topic the worker may write, or into a gateway's waiting calls.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,8 +53,16 @@ class Decoded:
 
 
 class RequestDecoder:
-    def __init__(self, decoder: Decoder) -> None:
+    """`reply_refusal` says why a request's `reply_to` is not honoured (`Publisher.reply_refusal`):
+    such a request is poison with that reason, answered INVALID on the results topic only."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        reply_refusal: Callable[[Mapping[str, Any] | None], str | None] | None = None,
+    ) -> None:
         self._decoder = decoder
+        self._reply_refusal = reply_refusal
 
     def decode(self, msg: KafkaMessage) -> Decoded:
         """Decode one message. A `RetriableError` (registry unreachable) propagates: the message
@@ -76,6 +87,12 @@ class RequestDecoder:
             schema_id=int.from_bytes(raw[1:5], "big"),
             digest=hashlib.blake2b(memoryview(raw)[5:], digest_size=16).hexdigest(),
         )
+        if self._reply_refusal is not None and record.get("reply_to"):
+            refused = self._reply_refusal(record["reply_to"])
+            if refused is not None:
+                record["reply_to"] = None  # never produced to
+                task.rejection = InvalidInputError(refused, "reply_to")
+                return Decoded(task, task.rejection)
         arrays: dict[str, Any] = {}
         for tensor in record["inputs"]:
             if tensor["datatype"] not in DATATYPES:

@@ -31,6 +31,7 @@ from tidegate.schemas.catalog import (
     load_schema,
 )
 from tidegate.schemas.codec import AvroEncoder
+from tidegate.schemas.requests import SUBMISSION_HEADER
 
 __all__ = ["Ack", "Publisher"]
 
@@ -41,6 +42,7 @@ Ack = Callable[[KafkaError | None, Message], None]
 # Longer than a flush takes to produce: one flush's results share a partition.
 _STICKY_WINDOW_S = 0.01
 _METADATA_TIMEOUT_S = 10.0
+_METADATA_REREAD_S = 30.0
 
 _RECORD_UNIONS = (
     ("source", "dev.tidegate.common.SourcePosition"),
@@ -61,6 +63,8 @@ class Publisher:
         self._ids: dict[str, int] = {}
         self._sticky = StickyPartitions(_STICKY_WINDOW_S)
         self._result_partitions = 0
+        self._reply_partitions = 0
+        self._replies_read_at = 0.0
         # Exactly-once: the main producer is transactional and side records stay out of it.
         self.side: Producer | None = None
 
@@ -81,17 +85,45 @@ class Publisher:
                 raise ConfigurationError(
                     f"no schema under {subject} ({exc}); run `tidegate schemas register`"
                 ) from exc
-        results = self.topics.results
+        self._result_partitions = self._partitions(self.topics.results)
+        self._reply_partitions = self._partitions(self.topics.replies)
+        self._replies_read_at = time.monotonic()
+
+    def _partitions(self, topic: str) -> int:
+        """How many partitions `topic` has; 0 when its metadata could not be read (results then
+        hash by key, as keyed ones always do)."""
         try:
-            found = self.producer.list_topics(results, timeout=_METADATA_TIMEOUT_S).topics
-        except KafkaException as exc:  # results then hash by key, as keyed ones always do
-            log.warning(
-                "no metadata of %s, results are not given sticky partitions: %s", results, exc
-            )
-            return
-        meta = found.get(results)
-        if meta is not None and meta.error is None:
-            self._result_partitions = len(meta.partitions)
+            found = self.producer.list_topics(topic, timeout=_METADATA_TIMEOUT_S).topics
+        except KafkaException as exc:
+            log.warning("no metadata of %s: %s", topic, exc)
+            return 0
+        meta = found.get(topic)
+        return len(meta.partitions) if meta is not None and meta.error is None else 0
+
+    def reply_refusal(self, reply_to: Mapping[str, Any] | None) -> str | None:
+        """Why a request's `reply_to` is not honoured, or None. A reply goes only to a partition
+        of the configured replies topic: a request may not steer the worker's producer to any
+        other topic (`_schemas`, the lifecycle log) or to a partition that does not exist."""
+        if not reply_to:
+            return None
+        topic, partition = reply_to.get("topic"), reply_to.get("partition")
+        if topic != self.topics.replies:
+            return f"reply_to names topic {topic!r}; replies go only to {self.topics.replies!r}"
+        if not isinstance(partition, int) or partition < 0:
+            return f"reply_to must name a partition of {topic!r}, not {partition!r}"
+        if partition >= self._reply_partitions and self._may_reread_replies():
+            # Partitions may have been added since: read again, at most every half minute.
+            self._reply_partitions = self._partitions(self.topics.replies) or self._reply_partitions
+        if self._reply_partitions and partition >= self._reply_partitions:
+            return f"{topic!r} has {self._reply_partitions} partitions, not a partition {partition}"
+        return None
+
+    def _may_reread_replies(self) -> bool:
+        now = time.monotonic()
+        if now - self._replies_read_at < _METADATA_REREAD_S:
+            return False
+        self._replies_read_at = now
+        return True
 
     def encode_result(self, result: Mapping[str, Any]) -> bytes:
         # Naming the branch of record-typed unions spares fastavro from trying each candidate
@@ -111,17 +143,26 @@ class Publisher:
         headers: KafkaHeaders | None = None,
         *,
         keyed: bool = True,
+        reply_ack: Ack | None = None,
     ) -> int:
         """Produce an encoded result; returns how many messages were produced (1 or 2).
-        `headers` (the request's trace context) go with the result and the reply. `keyed`:
-        the request had a routing key, whose partition the result must go to; else any does."""
+        `headers` (the request's trace context) go with the result and the reply, and the reply
+        carries its submission's nonce too (`SUBMISSION_HEADER`). `keyed`: the request had a
+        routing key, whose partition the result must go to; else any does. `reply_ack`: the
+        reply's acknowledgement, when it is told apart from the result's (else `ack`)."""
+        reply_ack = reply_ack or ack
         partition = None
         if not keyed and self._result_partitions:
             partition = self._sticky.pick(self.topics.results, self._result_partitions)
         self._produce(self.topics.results, value, key, partition, ack, headers)
         if not reply_to:
             return 1
-        self._produce(str(reply_to["topic"]), value, key, reply_to.get("partition"), ack, headers)
+        nonce = reply_to.get("nonce")
+        if nonce:
+            headers = [*(headers or ()), (SUBMISSION_HEADER, str(nonce).encode())]
+        self._produce(
+            str(reply_to["topic"]), value, key, reply_to.get("partition"), reply_ack, headers
+        )
         return 2
 
     def dead_letter(

@@ -98,15 +98,35 @@ class _Produced:
         if done:
             self._loop.call_soon_threadsafe(self.release)
 
+    def reply_ack(self, err: KafkaError | None, msg: Message | None) -> None:
+        """A reply's acknowledgement. Its result went to the results topic with its own ack, so
+        a reply Kafka refuses for good (an unknown partition, no authorization) is counted and
+        logged, not fatal: one request must not kill the worker that serves everyone else. A
+        transient failure (an outage) stays fatal, so the batch is redone and the reply sent."""
+        if err is not None and not err.retriable() and err.code() != KafkaError._MSG_TIMED_OUT:
+            metrics.REPLIES_UNDELIVERED.labels(err.name()).inc()
+            log.warning(
+                "a reply to %s was refused: %s", msg.topic() if msg is not None else "?", err
+            )
+            err = None
+        self.ack(err, msg)
+
     def release(self) -> None:
         for entry in self._entries:
             entry.tracker.done(entry.offset)
 
 
-def _produce(publisher: Publisher, entry: SinkEntry, worker_id: str, ack: Any, traced: bool) -> int:
+def _produce(
+    publisher: Publisher,
+    entry: SinkEntry,
+    worker_id: str,
+    ack: Any,
+    traced: bool,
+    reply_ack: Any = None,
+) -> int:
     """Produce one entry; a result too large for Kafka (or not encodable) is answered with the
     error instead. Returns how many messages went out. `traced`: the result carries its
-    request's trace context on, and the request's span ends."""
+    request's trace context on, and the request's span ends. `reply_ack`: the reply's."""
     if entry.letter is not None:
         topic, envelope = entry.letter
         publisher.dead_letter(topic, envelope, entry.key, ack)
@@ -119,12 +139,16 @@ def _produce(publisher: Publisher, entry: SinkEntry, worker_id: str, ack: Any, t
     keyed = bool(task.request.get("routing_key"))
     try:
         value = publisher.encode_result(entry.result)
-        produced = publisher.result(value, entry.key, reply_to, ack, headers, keyed=keyed)
+        produced = publisher.result(
+            value, entry.key, reply_to, ack, headers, keyed=keyed, reply_ack=reply_ack
+        )
     except (SerializationError, KafkaException) as exc:
         failure = ModelExecutionError(f"the result could not be published: {exc}")
         entry.result = error_result(task, failure, worker_id=worker_id)
         value = publisher.encode_result(entry.result)
-        produced = publisher.result(value, entry.key, reply_to, ack, headers, keyed=keyed)
+        produced = publisher.result(
+            value, entry.key, reply_to, ack, headers, keyed=keyed, reply_ack=reply_ack
+        )
     if traced:
         tracing.finished(task, entry.result)
     return produced
@@ -159,7 +183,12 @@ class AckedSink:
         self._entries = []
         produced = _Produced(entries, self._loop, self._fatal)
         publisher, worker_id, traced = self._publisher, self._worker_id, self._traced
-        produced.arm(sum(_produce(publisher, e, worker_id, produced.ack, traced) for e in entries))
+        produced.arm(
+            sum(
+                _produce(publisher, e, worker_id, produced.ack, traced, produced.reply_ack)
+                for e in entries
+            )
+        )
 
 
 class TransactionalSink:

@@ -126,9 +126,11 @@ class InferenceWorker:
         self._stopping = asyncio.Event()
         self._failed: asyncio.Future[None] = self._loop.create_future()
         client = SchemaRegistryClient(self._registry.client_config())
-        self._decoder = RequestDecoder(AvroDecoder(client, load_schema(INFERENCE_REQUEST)))
         client_id = f"{self._kafka.client_id}-{self.settings.worker_id}"
         self._publisher = Publisher(self._new_producer(client_id), client, self.topics)
+        self._decoder = RequestDecoder(
+            AvroDecoder(client, load_schema(INFERENCE_REQUEST)), self._publisher.reply_refusal
+        )
         await asyncio.to_thread(self._start_publisher)
         self._sink = self._new_sink()
         if self._relay is not None:
@@ -213,6 +215,11 @@ class InferenceWorker:
         """The worker's producer (after `start`); side records such as shadow comparisons use it
         too, so a worker keeps one producer."""
         return self._publisher
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the worker has stopped, or failed (`wait` raises what made it fail)."""
+        return self._failed.done()
 
     async def wait(self) -> None:
         """Return when the worker stops; raise what made it fail, if anything did."""

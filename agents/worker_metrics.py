@@ -25,6 +25,7 @@ __all__ = [
     "LOADED_VERSIONS",
     "MODEL_TIMEOUTS",
     "QUEUE",
+    "REPLIES_UNDELIVERED",
     "REQUESTS",
     "RETRIES",
     "SHADOW_COMPARED",
@@ -53,6 +54,11 @@ RETRIES = Counter(
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _SLOW = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+REPLIES_UNDELIVERED = Counter(
+    "tidegate_worker_replies_undelivered",
+    "Replies Kafka refused for good (the result itself is on the results topic), by error.",
+    ["reason"],
+)
 REQUESTS = Counter(
     "tidegate_worker_requests",
     "Requests answered by this worker, by model, serving version and result status.",

@@ -81,7 +81,9 @@ def gateway(
     authenticated (API keys from `tidegate auth keys create`, or JWTs; docs/security.md) unless
     `--insecure`."""
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
-    from tidegate.gateway.serving import serve
+    from tidegate.gateway.auth_settings import AuthSettings
+    from tidegate.gateway.gateway_settings import GatewaySettings
+    from tidegate.gateway.serving import check_exposure, serve
 
     if insecure:
         # Through the environment, which the spawned worker processes inherit; each logs the
@@ -96,6 +98,8 @@ def gateway(
         )
     given: dict[str, object] = {"host": host, "port": port, "workers": workers, "admin": admin}
     overrides = {name: value for name, value in given.items() if value is not None}
+    # Refused here too, before a supervisor would restart a child that refuses it each time.
+    check_exposure(str(GatewaySettings.model_validate(overrides).host), AuthSettings())
     if not supervise:
         serve(overrides)
         return

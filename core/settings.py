@@ -11,13 +11,17 @@ Every field is documented, secrets are `SecretStr`, and unknown fields are refus
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
+from psycopg.conninfo import make_conninfo
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tidegate.core.errors import ConfigurationError
 
 __all__ = [
     "COMPATIBILITY_LEVELS",
@@ -328,6 +332,11 @@ class RegistryServerSettings(BaseSettings):
     )
 
 
+# The password `infra/postgres.sh` gives the local stack's role: used only for a server on this
+# host, when none is set.
+_LOCAL_STACK_PASSWORD = "tidegate"  # noqa: S105 - the local stack's, never a remote server's
+
+
 class PostgresSettings(BaseSettings):
     """PostgreSQL connection (env prefix `TIDEGATE_POSTGRES_`)."""
 
@@ -336,7 +345,11 @@ class PostgresSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Server host.")
     port: int = Field(5432, ge=1, le=65535, description="Server port.")
     user: str = Field("tidegate", description="Role to connect as.")
-    password: SecretStr = Field(SecretStr("tidegate"), description="Password of the role.")
+    password: SecretStr | None = Field(
+        None,
+        description="Password of the role. Unset, only a server on this host (the local stack "
+        "of `make up`) is reached, with that stack's password; any other host needs one.",
+    )
     dbname: str = Field("tidegate", description="Database name.")
     db_schema: str = Field(
         "public",
@@ -344,18 +357,40 @@ class PostgresSettings(BaseSettings):
         description="Schema holding tidegate's tables (tests give each run its own).",
     )
 
+    def secret(self) -> str:
+        """The role's password: the one set, else the local stack's, on a loopback host only."""
+        if self.password is not None:
+            return self.password.get_secret_value()
+        if self.host == "localhost" or _is_loopback(self.host):
+            return _LOCAL_STACK_PASSWORD
+        raise ConfigurationError(
+            f"TIDEGATE_POSTGRES_PASSWORD is unset, and {self.host!r} is no local stack: set it"
+        )
+
     def conninfo(self) -> str:
-        """A libpq connection string (psycopg), with `db_schema` first on the search path."""
-        pw = self.password.get_secret_value()
-        return (
-            f"host={self.host} port={self.port} user={self.user} password={pw} "
-            f"dbname={self.dbname} options='-c search_path={self.db_schema}'"
+        """A libpq connection string (psycopg), with `db_schema` first on the search path; each
+        value quoted by libpq's own rules (`make_conninfo`), whatever characters it holds."""
+        return make_conninfo(
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.secret(),
+            dbname=self.dbname,
+            options=f"-c search_path={self.db_schema}",
         )
 
     def url(self) -> str:
-        """A URL for migration tools (yoyo uses the psycopg 3 driver)."""
-        pw = self.password.get_secret_value()
-        return f"postgresql+psycopg://{self.user}:{pw}@{self.host}:{self.port}/{self.dbname}"
+        """A URL for migration tools (yoyo uses the psycopg 3 driver), user and password
+        percent-encoded."""
+        user, pw = quote(self.user, safe=""), quote(self.secret(), safe="")
+        return f"postgresql+psycopg://{user}:{pw}@{self.host}:{self.port}/{self.dbname}"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RedisSettings(BaseSettings):

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "is_request_id",
     "lane",
     "location",
+    "new_nonce",
     "new_record",
     "request_id",
     "wait_s",
@@ -64,8 +66,14 @@ def is_request_id(value: str) -> bool:
     return _REQUEST_ID.match(value) is not None
 
 
-def request_id(given: str | None, in_flight: Callable[[str], bool]) -> str:
-    """The caller's id when it is valid and not in flight already, else a new one."""
+def new_nonce() -> str:
+    """A submission's nonce: 96 random bits, which no caller can guess or choose."""
+    return secrets.token_urlsafe(12)
+
+
+def request_id(given: str | None) -> str:
+    """The caller's id when it is valid, else a new one (whether another call holds the id is
+    for `tidegate.gateway.infer` and the result store to say)."""
     if given is None or given == "":
         return uuid.uuid4().hex
     if not is_request_id(given):
@@ -74,8 +82,6 @@ def request_id(given: str | None, in_flight: Callable[[str], bool]) -> str:
             "or digit",
             "id",
         )
-    if in_flight(given):
-        raise InvalidInputError(f"a request with id {given!r} is already in flight", "id")
     return given
 
 
@@ -146,10 +152,12 @@ def new_record(
     request_id: str,
     reply_to: Mapping[str, Any] | None,
     deadline_s: float | None = None,
+    nonce: str | None = None,
 ) -> dict[str, Any]:
     """The record to publish; `reply_to` is this replica's reply partition, None while unheld,
-    and `deadline_s` the call's deadline in seconds from now (the earlier of it and Triton's
-    `timeout` parameter is the request's)."""
+    `deadline_s` the call's deadline in seconds from now (the earlier of it and Triton's
+    `timeout` parameter is the request's), and `nonce` this submission's (`new_nonce`), which
+    its reply carries back."""
     params = scalar_parameters(v2.parameters, "parameters")
     params.pop("lane", None)  # the topic says it (`lane`)
     params.pop(FALLBACK_OF, None)  # only `divert` marks a request as diverted
@@ -176,7 +184,7 @@ def new_record(
         request_id=request_id,
         outputs=[o.name for o in v2.outputs or []],
         parameters=params,
-        reply_to=reply_to,
+        reply_to={**reply_to, "nonce": nonce},
     )
 
 

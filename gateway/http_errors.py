@@ -50,15 +50,15 @@ class RequestIdTakenError(FatalError):
 
 
 class RequestInFlightError(RetriableError):
-    """A request with this id is being published by another call, whose answer is not known yet
-    (409): retried later, the call learns whether Kafka took it."""
+    """A request with this id is still in flight, from another call of the same caller: being
+    published, or waiting for its result (409). Retried later, the call learns its outcome."""
 
     code = "REQUEST_IN_FLIGHT"
 
     def __init__(self, request_id: str) -> None:
         super().__init__(
-            f"a request with id {request_id!r} is being published by another call; retry to "
-            "learn whether it was accepted"
+            f"a request with id {request_id!r} is still in flight (being published, or waiting "
+            "for its result); retry later to learn its outcome"
         )
         self.request_id = request_id
         self.field = "id"

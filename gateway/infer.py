@@ -64,6 +64,9 @@ _log = logging.getLogger(__name__)
 
 # The marker's flag of an asynchronous request whose publish is not acknowledged yet.
 _PUBLISHING = "publishing"
+# A synchronous call's reservation of the id its caller chose outlasts its wait by this much:
+# a 504 turns it into the kept marker within it.
+_RESERVE_S = 5.0
 
 # The metric label of calls for no model this gateway serves: made-up names never become series.
 UNKNOWN_MODEL = "_unknown"
@@ -145,7 +148,9 @@ class Inference:
             header, binary = split_body(call.body, call.header_length)
             v2 = parse_request(header)
             lane = call_record.lane(call.lane, v2.parameters)
-            request_id = call_record.request_id(v2.id, self._router.is_waiting)
+            request_id = call_record.request_id(v2.id)
+            if v2.id:
+                self._check_held_here(request_id, call.owner)
             signature = await self._services.catalog.signature(call.model, call.version)
             model, version = call.model, call.version or ""
             inputs = input_records(v2, binary, signature)
@@ -154,7 +159,14 @@ class Inference:
             )
             reply_to = self._services.feed.reply_to()
             record = call_record.new_record(
-                model, call.version, v2, inputs, request_id, reply_to, budget.deadline_s
+                model,
+                call.version,
+                v2,
+                inputs,
+                request_id,
+                reply_to,
+                budget.deadline_s,
+                call_record.new_nonce(),
             )
             prefs = OutputPrefs.from_request(v2)
             if call.respond_async:
@@ -163,12 +175,25 @@ class Inference:
             result = await self._cached(record)
             if result is None:
                 record = await self._divert(record, budget.wait_s, lane)
-                result = await self._call(record, prefs, budget.wait_s, call.owner, lane)
+                result = await self._call(
+                    record, prefs, budget.wait_s, call.owner, lane, chosen=bool(v2.id)
+                )
             model = str(result.get("model") or model)
             served = str(result.get("model_version") or version)
             return Outcome(request_id, model, served, result=result, prefs=prefs)
         except TidegateError as exc:
             return Outcome(request_id, model, version, error=exc)
+
+    def _check_held_here(self, request_id: str, owner: str | None) -> None:
+        """Refuse an id a call on this replica waits for or keeps (409) before Redis is asked:
+        another caller's is taken, the same caller's synchronous one still in flight."""
+        held, holder = self._router.holder(request_id)
+        if not held:
+            return
+        if holder != owner:
+            raise RequestIdTakenError(request_id)
+        if self._router.is_waiting(request_id):
+            raise RequestInFlightError(request_id)
 
     async def _cached(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The answer from the prediction cache, when the model opted in and the version that
@@ -271,7 +296,8 @@ class Inference:
             return False
         if stored.owner != owner:
             raise RequestIdTakenError(request_id)
-        if stored.result is None and (stored.meta or {}).get(_PUBLISHING):
+        if stored.result is None and (stored.meta is None or stored.meta.get(_PUBLISHING)):
+            # Being published, or reserved by a synchronous call that still waits.
             raise RequestInFlightError(request_id)
         return True
 
@@ -285,9 +311,16 @@ class Inference:
         self._admission.admit(
             request_id, ttl_s=self._settings.max_timeout_s, model=record["model"], lane=lane
         )
+        nonce = _nonce(record)
         try:
-            await store.save(request_id, meta=_meta(record, prefs, publishing=True), owner=owner)
-            self._router.keep(request_id, owner)
+            await store.save(
+                request_id,
+                meta=_meta(record, prefs, publishing=True),
+                owner=owner,
+                nonce=nonce,
+                claim=True,
+            )
+            self._router.keep(request_id, owner, nonce)
             try:
                 # No timeout of our own: librdkafka settles it within `publish_timeout_s`, and
                 # giving up sooner would leave a request Kafka may still take.
@@ -300,7 +333,7 @@ class Inference:
             self._admission.release(request_id)
             raise
         try:
-            await store.save(request_id, meta=_meta(record, prefs), owner=owner)
+            await store.save(request_id, meta=_meta(record, prefs), owner=owner, nonce=nonce)
         except StoreUnavailableError as exc:
             # Kafka has it and the marker is there: only a retry of this id would be told it
             # is in flight, until its result comes.
@@ -313,12 +346,26 @@ class Inference:
         wait_s: float,
         owner: str | None,
         lane: Lane = "realtime",
+        *,
+        chosen: bool = False,
     ) -> dict[str, Any]:
+        """`chosen`: the caller chose the request id, which is then reserved in the result store
+        for the call's wait: no other caller, on any replica, takes it meanwhile (409)."""
         request_id = str(record["request_id"])
+        nonce = _nonce(record)
         # Refused at once while Kafka is unreachable: waiting could only end in a timeout.
         self._services.publisher.check()
-        self._admission.admit(request_id, model=record["model"], wait_s=wait_s, lane=lane)
-        reply = self._router.expect(request_id, owner)
+        if chosen:
+            await self._services.store.save(
+                request_id, owner=owner, nonce=nonce, claim=True, ttl_s=wait_s + _RESERVE_S
+            )
+        kept = False
+        try:
+            self._admission.admit(request_id, model=record["model"], wait_s=wait_s, lane=lane)
+        except TidegateError:
+            await self._release(request_id, nonce, chosen)
+            raise
+        reply = self._router.expect(request_id, owner, nonce)
         try:
             ack = self._services.publisher.submit(record, lane)
             deadline = _Deadline(reply, ack, wait_s, request_id)
@@ -328,9 +375,11 @@ class Inference:
                 deadline.cancel()
         except ResultTimeoutError:
             # Remembered before anything is awaited, so a result arriving meanwhile is stored.
-            self._router.keep(request_id, owner)
+            self._router.keep(request_id, owner, nonce)
             try:
-                await self._services.store.save(request_id, meta=_meta(record, prefs), owner=owner)
+                await self._services.store.save(
+                    request_id, meta=_meta(record, prefs), owner=owner, nonce=nonce
+                )
             except RequestIdTakenError:
                 # Its result will not be stored either (the store refuses it the same way).
                 self._router.drop(request_id)
@@ -340,10 +389,23 @@ class Inference:
                     f"no result for {request_id} within {wait_s}s, and it may not be retrievable "
                     f"later: {exc}"
                 ) from None
+            kept = True
             raise
         finally:
             self._router.forget(request_id, reply)
             self._admission.release(request_id)
+            if not kept:
+                await self._release(request_id, nonce, chosen)
+
+    async def _release(self, request_id: str, nonce: str | None, chosen: bool) -> None:
+        """Give back a chosen id's reservation: the call ended, and promised no later fetch."""
+        if not chosen or nonce is None:
+            return
+        try:
+            await self._services.store.release(request_id, nonce)
+        except StoreUnavailableError as exc:
+            # It expires by itself, a few seconds after the call's wait.
+            _log.warning("could not release the id %s: %s", request_id, exc)
 
     async def lookup(self, request_id: str, caller: Identity) -> Stored:
         """A request by id, as the result store has it; `RequestNotFoundError` if it does not,
@@ -364,6 +426,13 @@ def _may_fetch(caller: Identity, owner: str | None) -> bool:
     """Whether `caller` may see a stored request of `owner`. One stored without an owner (before
     owners were recorded) is an unscoped admin's only; `local:insecure` is one."""
     return (owner is not None and caller.subject == owner) or caller.is_admin
+
+
+def _nonce(record: dict[str, Any]) -> str | None:
+    """The nonce of the submission `record` is (`call_record.new_record` set it)."""
+    reply_to = record.get("reply_to") or {}
+    nonce = reply_to.get("nonce")
+    return str(nonce) if nonce is not None else None
 
 
 def _meta(

@@ -126,6 +126,7 @@ _KINDS = {
                 PublishError,
                 RequestIdTakenError,
                 RequestInFlightError,
+                StoreUnavailableError,
             ),
             results=True,
         ),

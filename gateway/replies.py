@@ -9,6 +9,7 @@ waits for (a call of another replica that held this partition before, a duplicat
 only to a request the store already knows and holds no result for yet, which costs one Redis
 call and writes nothing else. A stored result is written as its caller's (`expect` and `keep`
 take the caller's subject): the store refuses it when the request id is another caller's.
+Every match is by the submission's nonce as well as its id: see `ReplyRouter`.
 
 With tracing on, the feed hands each reply over with the trace context its headers carry (the
 worker's span of the request), and the router records a `reply` span under it: the caller's
@@ -36,13 +37,18 @@ __all__ = ["Deliver", "ReplyFeed", "ReplyRouter"]
 
 _log = logging.getLogger(__name__)
 
-_UNKEPT: Any = object()
-
 
 class Deliver(Protocol):
-    def __call__(self, result: dict[str, Any], raw: bytes, trace: Context | None = None) -> None:
-        """Take a decoded InferenceResult, the framed bytes it was decoded from, and the trace
-        context of its message (only when tracing is on)."""
+    def __call__(
+        self,
+        result: dict[str, Any],
+        raw: bytes,
+        trace: Context | None = None,
+        nonce: str | None = None,
+    ) -> None:
+        """Take a decoded InferenceResult, the framed bytes it was decoded from, the trace
+        context of its message (only when tracing is on), and the nonce of the submission it
+        answers (its `SUBMISSION_HEADER`)."""
 
 
 class ReplyFeed(ABC):
@@ -63,65 +69,107 @@ class ReplyFeed(ABC):
         return self.reply_to() is not None
 
 
+class _Waiter:
+    __slots__ = ("future", "nonce", "owner")
+
+    def __init__(
+        self, future: asyncio.Future[dict[str, Any]], owner: str | None, nonce: str | None
+    ) -> None:
+        self.future = future
+        self.owner = owner
+        self.nonce = nonce
+
+
 class ReplyRouter:
-    """Futures of waiting calls by request id. Create it on the event loop it serves."""
+    """Futures of waiting calls by request id. Create it on the event loop it serves.
+
+    A reply is matched to its submission by the nonce the request carried and the reply carries
+    back (`SUBMISSION_HEADER`), never by its request id alone: a caller who reuses another's id
+    is not handed that other's result, nor is a reply from anyone but the worker that served it.
+    """
 
     def __init__(
         self, store: ResultStore, *, keep_s: float, max_kept: int, tracer: Tracer | None = None
     ) -> None:
         self._store = store
         self._tracer = tracer
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        # The caller's subject of a waiting or kept request (None: a caller without one).
-        self._owners: dict[str, str | None] = {}
-        self._kept: TTLCache[str, str | None] = TTLCache(max_kept, keep_s, timer=time.monotonic)
+        self._waiting: dict[str, _Waiter] = {}
+        # The owner (the caller's subject) and nonce of a kept request's submission.
+        self._kept: TTLCache[str, tuple[str | None, str | None]] = TTLCache(
+            max_kept, keep_s, timer=time.monotonic
+        )
         self._writes: set[asyncio.Task[None]] = set()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
-    def expect(self, request_id: str, owner: str | None = None) -> asyncio.Future[dict[str, Any]]:
+    def expect(
+        self, request_id: str, owner: str | None = None, nonce: str | None = None
+    ) -> asyncio.Future[dict[str, Any]]:
         """Register before publishing, so that a result arriving at once is not missed; `owner`
-        is the caller's subject, whose the result is if it has to be stored."""
+        is the caller's subject, whose the result is if it has to be stored, and `nonce` the
+        submission's, which its reply must carry."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        self._owners[request_id] = owner
+        self._waiting[request_id] = _Waiter(future, owner, nonce)
         return future
 
     def is_waiting(self, request_id: str) -> bool:
         return request_id in self._waiting
 
+    def holder(self, request_id: str) -> tuple[bool, str | None]:
+        """Whether a call here waits for, or keeps, this id; and its owner."""
+        waiter = self._waiting.get(request_id)
+        if waiter is not None:
+            return True, waiter.owner
+        kept = self._kept.get(request_id)
+        if kept is not None:
+            return True, kept[0]
+        return False, None
+
     def forget(self, request_id: str, future: asyncio.Future[dict[str, Any]] | None = None) -> None:
         """Stop waiting; given its `future`, only if no later call of the same id took over."""
-        if future is not None and self._waiting.get(request_id) is not future:
+        waiter = self._waiting.get(request_id)
+        if waiter is None or (future is not None and waiter.future is not future):
             return
-        found = self._waiting.pop(request_id, None)
-        self._owners.pop(request_id, None)
-        if found is not None and not found.done():
-            found.cancel()
+        del self._waiting[request_id]
+        if not waiter.future.done():
+            waiter.future.cancel()
 
-    def keep(self, request_id: str, owner: str | None = None) -> None:
-        """Store this request's result, as `owner`'s, when it comes: the caller was promised a
-        later fetch."""
-        self._kept[request_id] = owner
+    def keep(self, request_id: str, owner: str | None = None, nonce: str | None = None) -> None:
+        """Store this request's result, as `owner`'s submission `nonce`, when it comes: the
+        caller was promised a later fetch."""
+        self._kept[request_id] = (owner, nonce)
 
     def drop(self, request_id: str) -> None:
         self._kept.pop(request_id, None)
 
-    def deliver(self, result: dict[str, Any], raw: bytes, trace: Context | None = None) -> None:
+    def deliver(
+        self,
+        result: dict[str, Any],
+        raw: bytes,
+        trace: Context | None = None,
+        nonce: str | None = None,
+    ) -> None:
         request_id = str(result["request_id"])
-        future = self._waiting.pop(request_id, None)
-        owner = self._owners.pop(request_id, None)
-        if future is not None and not future.done():
-            future.set_result(result)
+        waiter = self._waiting.get(request_id)
+        if waiter is not None and waiter.nonce != nonce:
+            waiter = None  # another submission's reply, or a forged one: not this call's
+        kept = self._kept.get(request_id)
+        if kept is not None and kept[1] != nonce:
+            kept = None
+        if waiter is not None and not waiter.future.done():
+            del self._waiting[request_id]
+            waiter.future.set_result(result)
             outcome = "awaited"
-        elif (kept := self._kept.pop(request_id, _UNKEPT)) is not _UNKEPT or future is not None:
+        elif kept is not None or waiter is not None:
             # A call still registered but ended has just ended, almost always at its deadline:
             # it answers 504, which promises this result, and may not have said `keep` yet.
-            if kept is not _UNKEPT:
-                owner = kept
-            self._write(self._store_result(request_id, raw, owner))
+            if waiter is not None:
+                del self._waiting[request_id]
+            owner = kept[0] if kept is not None else waiter.owner if waiter is not None else None
+            self._kept.pop(request_id, None)
+            self._write(self._store_result(request_id, raw, owner, nonce))
             outcome = "stored"
         else:
-            self._write(self._attach_result(request_id, raw))
+            self._write(self._attach_result(request_id, raw, nonce))
             outcome = "unclaimed"
         metrics.count_reply(outcome)
         if self._tracer is not None and trace is not None and _carries_trace(trace):
@@ -139,9 +187,11 @@ class ReplyRouter:
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _store_result(self, request_id: str, raw: bytes, owner: str | None) -> None:
+    async def _store_result(
+        self, request_id: str, raw: bytes, owner: str | None, nonce: str | None
+    ) -> None:
         try:
-            await self._store.save(request_id, result=raw, owner=owner)
+            await self._store.save(request_id, result=raw, owner=owner, nonce=nonce)
         except TidegateError as exc:
             # Only a later fetch by id misses this result, and Kafka's results topic holds it.
             _log.warning(
@@ -151,9 +201,9 @@ class ReplyRouter:
                 extra={"request_id": request_id},
             )
 
-    async def _attach_result(self, request_id: str, raw: bytes) -> None:
+    async def _attach_result(self, request_id: str, raw: bytes, nonce: str | None) -> None:
         try:
-            await self._store.attach(request_id, raw)
+            await self._store.attach(request_id, raw, nonce)
         except TidegateError as exc:
             _log.warning(
                 "could not store the result of %s: %s",

@@ -12,8 +12,9 @@ before the replica reports ready, and the position with every renewal.
 Results are decoded in the thread and handed to the event loop with `call_soon_threadsafe`, one
 hand-over (one wake-up of the loop) per batch the consumer read. The lease is renewed on the loop
 every `renew_every_s`; when it is lost the replica is not ready until it holds a partition again,
-possibly another one, to which the consumer then moves. With `traced` (tracing on), each reply is
-handed over with the trace context of its headers; otherwise no header is read.
+possibly another one, to which the consumer then moves. Each reply is handed over with the nonce
+of the submission it answers (its `SUBMISSION_HEADER`), and with `traced` (tracing on) with the
+trace context of its headers too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tidegate.core.settings import KafkaSettings
 from tidegate.core.tracing import context_from_headers
 from tidegate.gateway.lease import PartitionLease
 from tidegate.gateway.replies import Deliver, ReplyFeed
+from tidegate.schemas.requests import SUBMISSION_HEADER
 
 __all__ = ["KafkaReplyFeed"]
 
@@ -42,8 +44,9 @@ _log = logging.getLogger(__name__)
 _BATCH = 256
 # Replies read again on taking a partition over, at most: older ones are left to the results topic.
 _CATCH_UP_MAX = 100_000
-# A decoded InferenceResult, the framed bytes it came as, and its trace context (when traced).
-Reply = tuple[dict[str, Any], bytes, Context | None]
+# A decoded InferenceResult, the framed bytes it came as, its trace context (when traced), and
+# the nonce of the submission it answers.
+Reply = tuple[dict[str, Any], bytes, Context | None, str | None]
 
 
 class KafkaReplyFeed(ReplyFeed):
@@ -237,14 +240,25 @@ class KafkaReplyFeed(ReplyFeed):
             except SerializationError as exc:
                 _log.warning("undecodable reply at offset %s: %s", msg.offset(), exc)
                 continue
-            replies.append((result, raw, context_from_headers(msg.headers()) if traced else None))
+            headers = msg.headers()
+            trace = context_from_headers(headers) if traced else None
+            replies.append((result, raw, trace, _submission(headers)))
         return replies
 
 
+def _submission(headers: Any) -> str | None:
+    """The nonce of the submission a reply answers, from its `SUBMISSION_HEADER` (a consumed
+    message's headers are a list of name, bytes pairs, or None)."""
+    for name, value in headers or ():
+        if name == SUBMISSION_HEADER and isinstance(value, bytes):
+            return value.decode("ascii", "replace")
+    return None
+
+
 def _deliver_all(deliver: Deliver, replies: list[Reply]) -> None:
-    for result, raw, trace in replies:
+    for result, raw, trace, nonce in replies:
         # One bad reply must not cost its batch-mates their callers.
         try:
-            deliver(result, raw, trace)
+            deliver(result, raw, trace, nonce)
         except Exception:
             _log.exception("could not deliver the reply to %s", result.get("request_id"))

@@ -6,20 +6,26 @@ to answer later (the model, which outputs, binary or not), `result`, the Inferen
 as it came from Kafka (Confluent-framed Avro), and `owner`, the subject of the identity that
 made the request. Every write refreshes the TTL.
 
-Request ids can be chosen by callers, so a write that names an `owner` is refused with
-`RequestIdTakenError` (409) when the request is another subject's: nobody takes over, or
-overwrites, another caller's result by reusing its id. A fetch shows a request only to its owner
-(or an unscoped admin, `tidegate.gateway.infer`). `attach`, which knows no owner, only fills in
-a result still missing, never replaces one.
+Request ids can be chosen by callers, so each request records its owner and the nonce of the
+submission that holds it (`nonce`). A submission takes an id (`claim`) only when no other owner
+holds it (else `RequestIdTakenError`, 409) and the owner's earlier submission of it has its
+result (else `RequestInFlightError`, 409); every later write, its result above all, must come
+with that submission's nonce. Nobody takes over, or overwrites, another caller's result by
+reusing its id, and a reply is stored only as the submission it answers. A fetch shows a request
+only to its owner (or an unscoped admin, `tidegate.gateway.infer`). `attach` only fills in a
+result still missing, of the same submission, never replaces one.
 
-Only requests the gateway promised to keep are here: asynchronous ones (marked before they are
-published) and synchronous ones answered 504 (marked then). A synchronous call answered in time
-never writes (docs/decisions/009).
+Requests the gateway promised to keep are here: asynchronous ones (marked before they are
+published) and synchronous ones answered 504 (marked then). A synchronous call with an id the
+caller chose also reserves it, for its wait (a claim without fields), so that no other caller on
+any replica takes it meanwhile; one with the gateway's own (random) id never writes
+(docs/decisions/009).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -27,29 +33,62 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from tidegate.gateway.http_errors import RequestIdTakenError, StoreUnavailableError
+from tidegate.gateway.http_errors import (
+    RequestIdTakenError,
+    RequestInFlightError,
+    StoreUnavailableError,
+)
 
 __all__ = ["RedisResultStore", "ResultStore", "StoredRequest"]
 
-# The result of a request the store already knows and has no result for yet; else nothing.
+# The result ARGV[1] of a request the store already knows, has no result for yet, and whose
+# submission's nonce is ARGV[3] (or was stored without one); else nothing.
 _ATTACH = """
-if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('HEXISTS', KEYS[1], 'result') == 0 then
-  redis.call('HSET', KEYS[1], 'result', ARGV[1])
-  return redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'result') == 1 then
+  return 0
 end
-return 0
+local nonce = redis.call('HGET', KEYS[1], 'nonce')
+if nonce and nonce ~= ARGV[3] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'result', ARGV[1])
+return redis.call('EXPIRE', KEYS[1], ARGV[2])
 """
 
-# Write the fields ARGV[3..] (name, value pairs) of a request owned by ARGV[2], refreshing the
-# TTL ARGV[1]: 1, or 0 (nothing written) when the request is another owner's.
+# Write the fields ARGV[5..] (name, value pairs) of a request owned by ARGV[2], submitted with
+# nonce ARGV[3], refreshing the TTL ARGV[1]. ARGV[4] is `new` for a submission that takes the
+# id, `same` for a write of the submission that holds it (a marker refreshed, its result).
+# 1: written; 0: the request is another owner's, or (`same`) another submission's; 2 (`new`):
+# the owner's earlier submission of this id has no result yet.
 _CLAIM = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= ARGV[2] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2], unpack(ARGV, 3))
+local nonce = redis.call('HGET', KEYS[1], 'nonce')
+if nonce and nonce ~= ARGV[3] then
+  if ARGV[4] ~= 'new' then
+    return 0
+  end
+  if redis.call('HEXISTS', KEYS[1], 'result') == 0 then
+    return 2
+  end
+  redis.call('HDEL', KEYS[1], 'result', 'meta')
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'nonce', ARGV[3], unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
+"""
+
+# Delete a synchronous call's reservation (no marker written) if it is still submission ARGV[1]'s.
+_RELEASE = """
+if redis.call('HGET', KEYS[1], 'nonce') ~= ARGV[1] then
+  return 0
+end
+if redis.call('HEXISTS', KEYS[1], 'meta') == 1 then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
 """
 
 
@@ -59,6 +98,8 @@ class StoredRequest:
     result: bytes | None
     owner: str | None = None
     """The subject that made the request; None for one stored without (before owners were)."""
+    nonce: str | None = None
+    """The nonce of the submission that holds the id; None for one stored before nonces were."""
 
 
 class ResultStore(ABC):
@@ -70,15 +111,23 @@ class ResultStore(ABC):
         meta: dict[str, Any] | None = None,
         result: bytes | None = None,
         owner: str | None = None,
+        nonce: str | None = None,
+        claim: bool = False,
+        ttl_s: float | None = None,
     ) -> None:
-        """Record the pending marker (`meta`) and/or the framed result of a request. With an
-        `owner`, record it too, or raise `RequestIdTakenError` (writing nothing) when the
-        request belongs to another owner."""
+        """Record the pending marker (`meta`) and/or the framed result of a request, as `owner`'s
+        submission `nonce`, for `ttl_s` (default: the store's TTL).
+
+        `claim`: this submission takes the id (it may write no field: a reservation). Raises
+        `RequestIdTakenError` (writing nothing) when the request is another owner's, or
+        `RequestInFlightError` when the owner's earlier submission of it has no result yet.
+        Otherwise the write is the holding submission's: `RequestIdTakenError` when the id is
+        another owner's or another submission's."""
 
     @abstractmethod
-    async def attach(self, request_id: str, result: bytes) -> bool:
-        """Store the result only if the request is known here already and has none yet;
-        whether it was stored."""
+    async def attach(self, request_id: str, result: bytes, nonce: str | None = None) -> bool:
+        """Store the result only if the request is known here already, has none yet, and was
+        submitted with `nonce` (or before nonces were); whether it was stored."""
 
     @abstractmethod
     async def get(self, request_id: str) -> StoredRequest | None:
@@ -86,6 +135,11 @@ class ResultStore(ABC):
 
     async def discard(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Forget a request that was never published."""
+
+    @abstractmethod
+    async def release(self, request_id: str, nonce: str) -> None:
+        """Drop submission `nonce`'s reservation of an id (a `claim` without a marker) once its
+        synchronous call has ended without promising a later fetch."""
 
 
 class RedisResultStore(ResultStore):
@@ -95,6 +149,7 @@ class RedisResultStore(ResultStore):
         self._prefix = prefix
         self._attach = client.register_script(_ATTACH)
         self._claim = client.register_script(_CLAIM)
+        self._release = client.register_script(_RELEASE)
 
     def key(self, request_id: str) -> str:
         return f"{self._prefix}:{request_id}"
@@ -106,35 +161,38 @@ class RedisResultStore(ResultStore):
         meta: dict[str, Any] | None = None,
         result: bytes | None = None,
         owner: str | None = None,
+        nonce: str | None = None,
+        claim: bool = False,
+        ttl_s: float | None = None,
     ) -> None:
         fields: dict[str, str | bytes] = {}
         if meta is not None:
             fields["meta"] = json.dumps(meta)
         if result is not None:
             fields["result"] = result
-        if not fields:
+        if not fields and not claim:
             return
-        key = self.key(request_id)
-        if owner is not None:
-            args = [self._ttl_s, owner, *(v for pair in fields.items() for v in pair)]
-            try:
-                written = await self._claim(keys=[key], args=args)
-            except RedisError as exc:
-                raise StoreUnavailableError(f"result store unreachable: {exc}") from exc
-            if not written:
-                raise RequestIdTakenError(request_id)
-            return
+        ttl = max(1, math.ceil(ttl_s)) if ttl_s is not None else self._ttl_s
+        args: list[str | bytes | int] = [
+            ttl,
+            owner or "",
+            nonce or "",
+            "new" if claim else "same",
+            *(v for pair in fields.items() for v in pair),
+        ]
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping=fields)
-                pipe.expire(key, self._ttl_s)
-                await pipe.execute()
+            written = await self._claim(keys=[self.key(request_id)], args=args)
         except RedisError as exc:
             raise StoreUnavailableError(f"result store unreachable: {exc}") from exc
+        if written == 2:
+            raise RequestInFlightError(request_id)
+        if not written:
+            raise RequestIdTakenError(request_id)
 
-    async def attach(self, request_id: str, result: bytes) -> bool:
+    async def attach(self, request_id: str, result: bytes, nonce: str | None = None) -> bool:
+        args: list[bytes | str | int] = [result, self._ttl_s, nonce or ""]
         try:
-            done = await self._attach(keys=[self.key(request_id)], args=[result, self._ttl_s])
+            done = await self._attach(keys=[self.key(request_id)], args=args)
         except RedisError as exc:
             raise StoreUnavailableError(f"result store unreachable: {exc}") from exc
         return bool(done)
@@ -147,15 +205,21 @@ class RedisResultStore(ResultStore):
         if not found:
             return None
         meta = found.get(b"meta")
-        owner = found.get(b"owner")
         return StoredRequest(
             json.loads(meta) if meta else None,
             found.get(b"result"),
-            owner.decode() if owner is not None else None,
+            found.get(b"owner", b"").decode() or None,
+            found.get(b"nonce", b"").decode() or None,
         )
 
     async def discard(self, request_id: str) -> None:
         try:
             await self._redis.delete(self.key(request_id))
+        except RedisError as exc:
+            raise StoreUnavailableError(f"result store unreachable: {exc}") from exc
+
+    async def release(self, request_id: str, nonce: str) -> None:
+        try:
+            await self._release(keys=[self.key(request_id)], args=[nonce])
         except RedisError as exc:
             raise StoreUnavailableError(f"result store unreachable: {exc}") from exc

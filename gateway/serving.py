@@ -15,6 +15,7 @@ TLS when `tls_certfile` and `tls_keyfile` are set (docs/gateway-hardening.md).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +30,7 @@ from tidegate.core.settings import TopicSettings
 from tidegate.core.telemetry import configure_logging
 from tidegate.gateway.admin import lifecycle_admin
 from tidegate.gateway.app import create_app
+from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.slow_clients import GatewayHttpProtocol
@@ -86,6 +88,26 @@ def uvicorn_options(settings: GatewaySettings) -> dict[str, Any]:
     return options
 
 
+def check_exposure(host: str, auth: AuthSettings) -> None:
+    """Refuse to serve with authentication off (`--insecure`, `TIDEGATE_AUTH_ENABLED=false`) on
+    any address but a loopback one: every caller would be an admin."""
+    if auth.enabled or _loopback(host):
+        return
+    raise ConfigurationError(
+        f"authentication is off, and {host!r} is not a loopback address: anyone who reaches it "
+        "would be an admin. Serve on 127.0.0.1 (or ::1), or turn authentication on"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
 def serve(overrides: Mapping[str, Any] | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C, with `overrides` of the `GatewaySettings` fields."""
     # Workers read their settings from the environment they inherit, overrides included.
@@ -94,6 +116,7 @@ def serve(overrides: Mapping[str, Any] | None = None) -> None:
         os.environ[f"{_ENV_PREFIX}{name.upper()}"] = str(plain)
     configure_logging()
     settings = GatewaySettings()
+    check_exposure(settings.host, AuthSettings())
     topics = TopicSettings()
     if settings.workers > topics.reply_partitions:
         raise ConfigurationError(

@@ -16,6 +16,7 @@ from tidegate.schemas.tensors import from_numpy
 
 __all__ = [
     "FALLBACK_OF",
+    "SUBMISSION_HEADER",
     "Inputs",
     "build_request",
     "diverted_from",
@@ -28,6 +29,11 @@ FALLBACK_OF = "fallback_of"
 instead (`<reason>@<model>`): the worker records `fallback:<reason>@<model>` as its routing rule,
 and never diverts it again. Callers cannot set it: the gateway drops theirs."""
 _NO = ("false", "0", "no", "off")
+
+SUBMISSION_HEADER = "tidegate-submission"
+"""The reply's header that carries its request's `reply_to.nonce`: which submission it answers.
+A gateway hands a reply to a waiting call, or stores it for a kept request, only when the nonce
+is that submission's, so a request id alone (which callers may choose) never claims a result."""
 
 Inputs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 """Named arrays, or `Tensor` records as they are."""

@@ -18,7 +18,7 @@ from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicS
 from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.registration import RegistryHttp, register_all
-from tidegate.schemas.requests import request_key
+from tidegate.schemas.requests import SUBMISSION_HEADER, request_key
 
 __all__ = ["FakeWorker", "register_subjects"]
 
@@ -91,6 +91,15 @@ class FakeWorker:
         self._producer.produce(self._topics.results, key=key, value=value)
         reply_to = request.get("reply_to")
         if reply_to:
+            # As a worker does: the reply carries its submission's nonce back.
+            nonce = reply_to.get("nonce")
+            headers: list[tuple[str, str | bytes | None]] | None = (
+                [(SUBMISSION_HEADER, str(nonce).encode())] if nonce else None
+            )
             self._producer.produce(
-                reply_to["topic"], partition=reply_to["partition"], key=key, value=value
+                reply_to["topic"],
+                partition=reply_to["partition"],
+                key=key,
+                value=value,
+                headers=headers,
             )

@@ -28,7 +28,7 @@ from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.backends import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.http_errors import RequestIdTakenError
+from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
 from tidegate.gateway.model_catalog import ModelCatalog
 from tidegate.gateway.publisher import Ack, RequestPublisher
 from tidegate.gateway.replies import Deliver, ReplyFeed
@@ -124,7 +124,7 @@ class FakeWorker(RequestPublisher):
         self.hold = False
         self.hold_ack = False
         self.fail = False
-        self.held: dict[str, dict[str, Any]] = {}
+        self.held: dict[str, tuple[dict[str, Any], str | None]] = {}
         self.acks: dict[str, Ack] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.is_connected = True
@@ -140,20 +140,22 @@ class FakeWorker(RequestPublisher):
             ack.set_exception(PublishError("all brokers are down"))
             return ack
         self.published.append(record)
-        result = self.answer(record)
+        # The reply carries its submission's nonce back, as a worker's does.
+        reply = (self.answer(record), (record.get("reply_to") or {}).get("nonce"))
         if self.hold:
-            self.held[record["request_id"]] = result
+            self.held[record["request_id"]] = reply
         else:
-            self.loop.call_soon(self._deliver, result)
+            self.loop.call_soon(self._deliver, reply)
         if self.hold_ack:
             self.acks[record["request_id"]] = ack
         else:
             ack.set_result(None)
         return ack
 
-    def _deliver(self, result: dict[str, Any]) -> None:
+    def _deliver(self, reply: tuple[dict[str, Any], str | None]) -> None:
         assert self.feed.deliver is not None
-        self.feed.deliver(result, encode_result(result))
+        result, nonce = reply
+        self.feed.deliver(result, encode_result(result), None, nonce)
 
     def release(self, request_id: str) -> None:
         """Answer a held request, from the test's thread."""
@@ -172,7 +174,8 @@ class FakeWorker(RequestPublisher):
 
 class MemoryStore(ResultStore):
     """The result store in a dict, with every call recorded in `calls` (method, request id). A
-    `save` that starts sets `saving`, and takes `save_delay_s` before it writes."""
+    `save` that starts (but a reservation's) sets `saving`, and takes `save_delay_s` before it
+    writes."""
 
     def __init__(self) -> None:
         self.requests: dict[str, StoredRequest] = {}
@@ -187,26 +190,42 @@ class MemoryStore(ResultStore):
         meta: dict[str, Any] | None = None,
         result: bytes | None = None,
         owner: str | None = None,
+        nonce: str | None = None,
+        claim: bool = False,
+        ttl_s: float | None = None,
     ) -> None:
-        self.calls.append(("save", request_id))
-        self.saving.set()
-        if self.save_delay_s:
-            await asyncio.sleep(self.save_delay_s)
+        """As `RedisResultStore.save` (its Lua script), without the TTL. A claim that writes no
+        field is recorded as `reserve`."""
+        reserve = claim and meta is None and result is None
+        self.calls.append(("reserve" if reserve else "save", request_id))
+        if not reserve:
+            self.saving.set()
+            if self.save_delay_s:
+                await asyncio.sleep(self.save_delay_s)
         old = self.requests.get(request_id, StoredRequest(None, None))
-        if owner is not None and old.owner is not None and old.owner != owner:
+        if old.owner is not None and old.owner != owner:
             raise RequestIdTakenError(request_id)
+        if old.nonce is not None and old.nonce != nonce:
+            if not claim:
+                raise RequestIdTakenError(request_id)
+            if old.result is None:
+                raise RequestInFlightError(request_id)
+            old = StoredRequest(None, None, old.owner, old.nonce)
         self.requests[request_id] = StoredRequest(
             meta if meta is not None else old.meta,
             result if result is not None else old.result,
-            owner if owner is not None else old.owner,
+            owner,
+            nonce,
         )
 
-    async def attach(self, request_id: str, result: bytes) -> bool:
+    async def attach(self, request_id: str, result: bytes, nonce: str | None = None) -> bool:
         self.calls.append(("attach", request_id))
         old = self.requests.get(request_id)
         if old is None or old.result is not None:
             return False
-        self.requests[request_id] = StoredRequest(old.meta, result, old.owner)
+        if old.nonce is not None and old.nonce != nonce:
+            return False
+        self.requests[request_id] = StoredRequest(old.meta, result, old.owner, old.nonce)
         return True
 
     async def get(self, request_id: str) -> StoredRequest | None:
@@ -216,6 +235,12 @@ class MemoryStore(ResultStore):
     async def discard(self, request_id: str) -> None:
         self.calls.append(("discard", request_id))
         self.requests.pop(request_id, None)
+
+    async def release(self, request_id: str, nonce: str) -> None:
+        self.calls.append(("release", request_id))
+        found = self.requests.get(request_id)
+        if found is not None and found.nonce == nonce and found.meta is None:
+            del self.requests[request_id]
 
 
 class MemoryLifecycle:
@@ -308,3 +333,9 @@ def fetched(client: TestClient, request_id: str) -> httpx.Response:
         return resp if resp.status_code != 202 else None
 
     return wait_for(probe, timeout=5, what=f"the result of {request_id}")
+
+
+def kept_writes(store: MemoryStore) -> list[tuple[str, str]]:
+    """The store's writes other than a synchronous call's reservation of a chosen id and its
+    release: what promises (or keeps) a result for a later fetch."""
+    return [call for call in store.calls if call[0] not in ("get", "reserve", "release")]

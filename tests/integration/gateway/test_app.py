@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import redis
+import redis.asyncio as aioredis
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -42,8 +44,9 @@ from tidegate.gateway.backends import (
     kafka_services,
 )
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
 from tidegate.gateway.lease import lease_key
-from tidegate.gateway.result_store import ResultStore, StoredRequest
+from tidegate.gateway.result_store import RedisResultStore, ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
@@ -100,7 +103,7 @@ def test_sync_infer_through_kafka(
     assert request["request_id"] == body["id"]
     assert request["model_version"] is None
     reply_to = gateway.runtime.services.feed.reply_to()
-    assert request["reply_to"] == reply_to
+    assert request["reply_to"] == {**(reply_to or {}), "nonce": request["reply_to"]["nonce"]}
 
 
 class CountingStore(ResultStore):
@@ -117,13 +120,25 @@ class CountingStore(ResultStore):
         meta: dict[str, Any] | None = None,
         result: bytes | None = None,
         owner: str | None = None,
+        nonce: str | None = None,
+        claim: bool = False,
+        ttl_s: float | None = None,
     ) -> None:
-        self.calls.append(("save", request_id))
-        await self.store.save(request_id, meta=meta, result=result, owner=owner)
+        reserve = claim and meta is None and result is None
+        self.calls.append(("reserve" if reserve else "save", request_id))
+        await self.store.save(
+            request_id,
+            meta=meta,
+            result=result,
+            owner=owner,
+            nonce=nonce,
+            claim=claim,
+            ttl_s=ttl_s,
+        )
 
-    async def attach(self, request_id: str, result: bytes) -> bool:
+    async def attach(self, request_id: str, result: bytes, nonce: str | None = None) -> bool:
         self.calls.append(("attach", request_id))
-        return await self.store.attach(request_id, result)
+        return await self.store.attach(request_id, result, nonce)
 
     async def get(self, request_id: str) -> StoredRequest | None:
         self.calls.append(("get", request_id))
@@ -132,6 +147,10 @@ class CountingStore(ResultStore):
     async def discard(self, request_id: str) -> None:
         self.calls.append(("discard", request_id))
         await self.store.discard(request_id)
+
+    async def release(self, request_id: str, nonce: str) -> None:
+        self.calls.append(("release", request_id))
+        await self.store.release(request_id, nonce)
 
 
 def test_sync_calls_answered_in_time_make_no_redis_call(
@@ -147,9 +166,15 @@ def test_sync_calls_answered_in_time_make_no_redis_call(
 
     gateway = start_gateway(services)
     for _ in range(5):
-        resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body(id=unique("fast")))
+        resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body())
         assert resp.status_code == 200, resp.text
     assert counted[0].calls == []
+    # An id the caller chose: reserved for the wait, released once answered, nothing else.
+    chosen = unique("fast")
+    resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body(id=chosen))
+    assert resp.status_code == 200, resp.text
+    assert counted[0].calls == [("reserve", chosen), ("release", chosen)]
+    counted[0].calls.clear()
 
     request_id = unique("slow")
     resp = gateway.http.post(
@@ -160,7 +185,7 @@ def test_sync_calls_answered_in_time_make_no_redis_call(
     assert resp.status_code == 504, resp.text
     late = poll_result(gateway, request_id)
     assert late.status_code == 200, late.text
-    writes = [call for call in counted[0].calls if call[0] != "get"]
+    writes = [call for call in counted[0].calls if call[0] not in ("get", "reserve")]
     assert writes == [("save", request_id), ("save", request_id)], "the marker, then the result"
 
 
@@ -314,3 +339,67 @@ def test_served_versions_follow_lifecycle_events_live(
     assert gateway.http.get("/v2/models/fraud").json()["versions"] == ["1"]
     resp = gateway.http.post("/v2/models/fraud/versions/2/infer", json=fraud_body())
     assert resp.status_code == 404, resp.text
+
+
+def test_an_id_held_on_one_replica_is_refused_on_another(
+    start_gateway: Callable[..., GatewayServer], worker: FakeWorker
+) -> None:
+    """A synchronous call's chosen id is claimed in Redis for its wait: a call with the same id
+    on another replica, synchronous or asynchronous, is refused 409 and never published."""
+    first, second = start_gateway(), start_gateway()
+    request_id = unique("held")
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(
+            first.http.post,
+            "/v2/models/fraud/infer",
+            json=fraud_body(id=request_id, parameters={"fake_delay_s": 2.0}),
+        )
+        wait_for(
+            lambda: any(r["request_id"] == request_id for r in worker.seen),
+            timeout=10,
+            what="the first call published",
+        )
+        for headers in ({}, {"Prefer": "respond-async"}):
+            again = second.http.post(
+                "/v2/models/fraud/infer", json=fraud_body(id=request_id), headers=headers
+            )
+            assert again.status_code == 409, again.text
+            assert again.json()["code"] == "REQUEST_IN_FLIGHT"
+        assert waiting.result().status_code == 200
+    assert [r["request_id"] for r in worker.seen].count(request_id) == 1
+    # Answered, the id is given back: the same caller may use it again, on any replica.
+    resp = second.http.post("/v2/models/fraud/infer", json=fraud_body(id=request_id))
+    assert resp.status_code == 200, resp.text
+
+
+async def test_the_store_binds_an_id_to_its_owner_and_submission_across_replicas() -> None:
+    """Two replicas' stores over the real Redis: the claim, the in-flight refusal, a result
+    written only with its submission's nonce, and a reservation released only by its own."""
+    clients = [aioredis.Redis.from_url(RedisSettings().url) for _ in range(2)]
+    a, b = (RedisResultStore(c, ttl_s=60) for c in clients)
+    rid = unique("order")
+    try:
+        await a.save(rid, meta={"model": "fraud"}, owner="key:alice", nonce="n-a", claim=True)
+        with pytest.raises(RequestIdTakenError):  # Mallory, on the other replica
+            await b.save(rid, owner="key:mallory", nonce="n-m", claim=True, ttl_s=5)
+        with pytest.raises(RequestInFlightError):  # Alice again, before her result came
+            await b.save(rid, owner="key:alice", nonce="n-a2", claim=True, ttl_s=5)
+        with pytest.raises(RequestIdTakenError):  # a result of another submission
+            await b.save(rid, result=b"forged", owner="key:alice", nonce="n-other")
+        assert not await b.attach(rid, b"forged", "n-other")
+        assert await b.attach(rid, b"hers", "n-a")
+        stored = await a.get(rid)
+        assert stored is not None
+        assert (stored.result, stored.owner, stored.nonce) == (b"hers", "key:alice", "n-a")
+        # With her result in, Alice may submit the id again; the old result goes.
+        await b.save(rid, owner="key:alice", nonce="n-a3", claim=True, ttl_s=5)
+        await a.release(rid, "n-a")  # not the holder's nonce: nothing happens
+        again = await a.get(rid)
+        assert again is not None
+        assert (again.result, again.nonce) == (None, "n-a3")
+        await a.release(rid, "n-a3")
+        assert await a.get(rid) is None
+    finally:
+        await a.discard(rid)
+        for client in clients:
+            await client.aclose()

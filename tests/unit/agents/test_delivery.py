@@ -84,6 +84,7 @@ class Publisher:
         headers: Any = None,
         *,
         keyed: bool = True,
+        reply_ack: Any = None,
     ) -> int:
         self.pending.append(ack)
         return 1
@@ -404,6 +405,7 @@ class RecordingProducer:
     def __init__(self, partitions: int) -> None:
         self.partitions = partitions
         self.produced: list[tuple[str, bytes | None, int | None]] = []
+        self.headers: list[tuple[str, Any]] = []
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
@@ -411,6 +413,7 @@ class RecordingProducer:
 
     def produce(self, topic: str, **kwargs: Any) -> None:
         self.produced.append((topic, kwargs.get("key"), kwargs.get("partition")))
+        self.headers.append((topic, kwargs.get("headers")))
 
 
 class FixedIds:
@@ -441,3 +444,41 @@ def test_results_without_a_routing_key_share_a_sticky_partition() -> None:
     assert keyless.pop() in range(32)
     assert dict(results)[b"card-1"] is None
     assert {p for t, _, p in producer.produced if t == "replies"} == {5}
+
+
+def started_publisher(producer: RecordingProducer) -> Any:
+    from tidegate.agents.delivery import Publisher as RealPublisher
+
+    publisher = RealPublisher(producer, None, TOPICS)  # type: ignore[arg-type]
+    for encoder in (publisher._results, publisher._letters, publisher._shadow):
+        encoder.schema_id = FixedIds().schema_id  # type: ignore[method-assign]
+    publisher.start()
+    return publisher
+
+
+def test_a_reply_goes_only_to_a_partition_of_the_replies_topic() -> None:
+    publisher = started_publisher(RecordingProducer(8))
+    replies = TOPICS.replies
+    assert publisher.reply_refusal(None) is None
+    assert publisher.reply_refusal({"topic": replies, "partition": 7, "nonce": "n"}) is None
+    refusals = {
+        "_schemas": {"topic": "_schemas", "partition": 0},
+        "results": {"topic": TOPICS.results, "partition": 0},
+        "no partition": {"topic": replies, "partition": None},
+        "negative": {"topic": replies, "partition": -1},
+        "too far": {"topic": replies, "partition": 8},
+    }
+    for case, reply_to in refusals.items():
+        assert publisher.reply_refusal(reply_to) is not None, case
+    assert "8 partitions" in publisher.reply_refusal(refusals["too far"])
+
+
+def test_the_reply_alone_carries_its_submissions_nonce() -> None:
+    producer = RecordingProducer(8)
+    publisher = started_publisher(producer)
+    trace = [("traceparent", b"00-abc")]
+    reply = {"topic": TOPICS.replies, "partition": 2, "nonce": "n-1"}
+    publisher.result(b"v", b"k", reply, None, trace)
+    sent = dict(producer.headers)
+    assert sent[TOPICS.results] == trace
+    assert sent[TOPICS.replies] == [*trace, ("tidegate-submission", b"n-1")]

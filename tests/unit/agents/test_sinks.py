@@ -70,6 +70,7 @@ class Publisher:
         headers: Any = None,
         *,
         keyed: bool = True,
+        reply_ack: Any = None,
     ) -> int:
         assert ack is None, "exactly-once needs no acknowledgement per message"
         self.producer.produce(TOPICS.results, key=key, value=value)
@@ -193,3 +194,31 @@ def test_the_delivery_mode_is_a_setting(delivery: str) -> None:
     assert WorkerSettings(delivery=delivery).delivery == delivery
     with pytest.raises(ValueError, match="delivery"):
         WorkerSettings(delivery="at-most-once")
+
+
+async def test_a_reply_refused_for_good_is_counted_and_a_transient_failure_stays_fatal() -> None:
+    from confluent_kafka import KafkaError
+
+    from tidegate.agents import worker_metrics
+    from tidegate.agents.sinks import _Produced
+
+    loop = asyncio.get_running_loop()
+    tracker = OffsetTracker()
+    tracker.consumed(0)
+    entry = SinkEntry(tracker, 0, None)  # the sink's token is the consumed one here
+    fatal: list[BaseException] = []
+    produced = _Produced([entry], loop, fatal.append)
+    refused = worker_metrics.REPLIES_UNDELIVERED.labels("_UNKNOWN_PARTITION")
+    before = refused._value.get()
+    produced.ack(None, None)  # the result
+    produced.reply_ack(KafkaError(KafkaError._UNKNOWN_PARTITION), None)  # its reply
+    produced.arm(2)
+    await asyncio.sleep(0.01)
+    assert fatal == []
+    assert refused._value.get() == before + 1
+    assert tracker.committable() == 1, "the result was delivered: its offset is done"
+
+    outage = _Produced([], loop, fatal.append)
+    outage.reply_ack(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+    await asyncio.sleep(0.01)
+    assert len(fatal) == 1, "an outage redoes the batch, so the reply is sent after all"

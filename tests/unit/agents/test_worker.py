@@ -72,6 +72,10 @@ class WorkerPublisher(delivery.Publisher):
     def start(self) -> None:
         """No schema ids to resolve."""
 
+    def reply_refusal(self, reply_to: Any) -> str | None:
+        """Every `reply_to` is honoured here (test_delivery checks the real one)."""
+        return None
+
     def poll(self, timeout: float = 0.0) -> int:
         self.polls += 1
         time.sleep(min(timeout, 0.002))  # as librdkafka's poll waits when nothing is due
@@ -90,6 +94,7 @@ class WorkerPublisher(delivery.Publisher):
         headers: Any = None,
         *,
         keyed: bool = True,
+        reply_ack: Any = None,
     ) -> int:
         self.acks[value.decode()] = ack
         self.headers[value.decode()] = headers

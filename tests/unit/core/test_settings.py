@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import SecretStr, ValidationError
 
+from tidegate.core.errors import ConfigurationError
 from tidegate.core.kafka import consumer_config, producer_config
 from tidegate.core.settings import (
     KafkaSettings,
@@ -87,6 +89,25 @@ def test_registry_client_config_carries_basic_auth() -> None:
 
 
 def test_postgres_conninfo_has_the_secret_only_when_asked() -> None:
-    settings = PostgresSettings()
-    assert "password=tidegate" in settings.conninfo()
-    assert "tidegate" not in str(settings.password)
+    settings = PostgresSettings(password=SecretStr("s3cret"))
+    assert "password=s3cret" in settings.conninfo()
+    assert "s3cret" not in str(settings.password)
+
+
+def test_postgres_without_a_password_reaches_only_the_local_stack() -> None:
+    assert "password=tidegate" in PostgresSettings().conninfo()
+    with pytest.raises(ConfigurationError, match="TIDEGATE_POSTGRES_PASSWORD"):
+        PostgresSettings(host="db.example.com").conninfo()
+
+
+def test_postgres_values_are_quoted_not_formatted_in() -> None:
+    """A password with spaces, quotes or `key=value` text stays one value: it cannot add or
+    change a connection parameter (e.g. `sslmode`)."""
+    tricky = "a b' sslmode=disable host=evil"
+    settings = PostgresSettings(password=SecretStr(tricky), user="u@x")
+    parsed = conninfo_to_dict(settings.conninfo())
+    assert parsed["password"] == tricky
+    assert parsed["host"] == "127.0.0.1"
+    assert "sslmode" not in parsed
+    assert parsed["options"] == "-c search_path=public"
+    assert settings.url().startswith("postgresql+psycopg://u%40x:a%20b%27%20sslmode%3Ddisable")

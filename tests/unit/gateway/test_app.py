@@ -29,6 +29,7 @@ from tests.unit.gateway_harness import (
     Harness,
     features,
     fetched,
+    kept_writes,
     make_result,
     problem_of,
 )
@@ -124,7 +125,9 @@ def test_sync_infer_json(client: TestClient, harness: Harness) -> None:
     (record,) = harness.worker.published
     assert record["request_id"] == "call-1"
     assert record["model_version"] is None, "routing happens in the worker"
+    nonce = record["reply_to"].pop("nonce")
     assert record["reply_to"] == {"topic": "replies", "partition": 3}
+    assert len(nonce) >= 16, "each submission carries its own unguessable nonce"
     # The wait (the harness's default_timeout_s) is the request's deadline.
     left = (record["deadline"] - record["created_at"]).total_seconds()
     assert left == pytest.approx(5.0, abs=0.05)
@@ -133,10 +136,18 @@ def test_sync_infer_json(client: TestClient, harness: Harness) -> None:
 def test_a_call_answered_in_time_never_touches_the_result_store(
     client: TestClient, harness: Harness
 ) -> None:
+    resp = client.post("/v2/models/fraud/infer", json=features())
+    assert resp.status_code == 200, resp.text
+    assert harness.store.calls == []
+    # An id the caller chose is reserved for the call's wait (so no other caller takes it
+    # meanwhile, on any replica), and given back when it is answered.
     for n in range(3):
         resp = client.post("/v2/models/fraud/infer", json=features(id=f"fast-{n}"))
         assert resp.status_code == 200, resp.text
-    assert harness.store.calls == []
+    assert harness.store.calls == [
+        call for n in range(3) for call in (("reserve", f"fast-{n}"), ("release", f"fast-{n}"))
+    ]
+    assert harness.store.requests == {}
     # Nothing promised it a later fetch, so it is not kept for one.
     assert problem_of(client.get("/v2/requests/fast-0"), 404)["code"] == "REQUEST_NOT_FOUND"
 
@@ -327,8 +338,7 @@ def test_timeout_then_fetch_later(client: TestClient, harness: Harness) -> None:
     late = fetched(client, "slow-1")
     assert late.json()["outputs"][0]["data"] == [6, 3, 22, 7]
     # The marker at the 504, the result when it came: nothing before the deadline passed.
-    writes = [call for call in harness.store.calls if call[0] != "get"]
-    assert writes == [("save", "slow-1"), ("save", "slow-1")]
+    assert kept_writes(harness.store) == [("save", "slow-1"), ("save", "slow-1")]
 
 
 def test_a_result_arriving_while_the_504_is_written_is_kept(
@@ -411,7 +421,8 @@ def test_duplicate_id_in_flight_is_refused(tmp_path: Path) -> None:
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(call)
             wait_for(lambda: harness.worker.held, timeout=5, what="first call published")
-            assert problem_of(call(), 400)["field"] == "id"
+            body = problem_of(call(), 409)
+            assert (body["code"], body["field"]) == ("REQUEST_IN_FLIGHT", "id")
             harness.worker.release("dup")
             assert first.result().status_code == 200
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.gateway_harness import Harness, features
+from tests.unit.gateway_harness import Harness, features, kept_writes
 from tidegate.clients.producer import PublishError
 from tidegate.core.errors import InvalidInputError, ModelNotFoundError, ResultTimeoutError
 from tidegate.gateway.infer import UNKNOWN_MODEL, InferCall, Inference, Outcome
@@ -56,7 +56,7 @@ async def test_the_core_takes_plain_values_and_answers_outcomes(
     unknown = await inference.infer(InferCall("fraud", "made-up", json.dumps(features()).encode()))
     assert isinstance(unknown.error, ModelNotFoundError)
     assert (unknown.model, unknown.version) == (UNKNOWN_MODEL, "")
-    assert harness.store.calls == []
+    assert kept_writes(harness.store) == []
 
 
 async def test_the_reply_may_come_before_the_ack(plane: tuple[Harness, Inference]) -> None:
@@ -78,7 +78,7 @@ async def test_the_reply_may_come_before_the_ack(plane: tuple[Harness, Inference
     del ack
     gc.collect()
     assert unhandled == []
-    assert harness.store.calls == []
+    assert kept_writes(harness.store) == []
 
 
 async def test_the_deadline_waits_for_the_ack_then_answers_504(
@@ -90,7 +90,7 @@ async def test_the_deadline_waits_for_the_ack_then_answers_504(
     await asyncio.sleep(0.2)
     assert "slow-ack" in harness.worker.acks, "published, not acknowledged"
     assert not task.done(), "a 504 promises a request Kafka has: it waits for the ack"
-    assert harness.store.calls == []
+    assert kept_writes(harness.store) == []
     harness.worker.release_ack("slow-ack")
     outcome = await asyncio.wait_for(task, 2)
     assert isinstance(outcome.error, ResultTimeoutError)
@@ -108,7 +108,7 @@ async def test_a_publish_failing_after_the_deadline_is_no_504(
     harness.worker.release_ack("lost", PublishError("message timed out"))
     outcome = await asyncio.wait_for(task, 2)
     assert isinstance(outcome.error, PublishError)
-    assert harness.store.calls == []
+    assert kept_writes(harness.store) == []
 
 
 async def test_a_reply_while_a_late_ack_is_pending_answers_the_call(
@@ -129,4 +129,4 @@ async def test_a_publish_failure_ends_the_call_at_once(plane: tuple[Harness, Inf
     harness.worker.fail = True
     outcome = await asyncio.wait_for(inference.infer(call("down", timeout="5")), 1)
     assert isinstance(outcome.error, PublishError)
-    assert harness.store.calls == []
+    assert kept_writes(harness.store) == []

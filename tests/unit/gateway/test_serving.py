@@ -15,6 +15,7 @@ from pydantic import SecretStr, ValidationError
 
 from tidegate.core.errors import ConfigurationError
 from tidegate.gateway import serving
+from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.slow_clients import ConnectionLimits, GatewayHttpProtocol
 
@@ -116,3 +117,15 @@ def test_a_certificate_without_its_key_is_refused(tmp_path: Path) -> None:
         GatewaySettings(tls_certfile=tmp_path / "cert.pem")
     with pytest.raises(ValidationError, match="tls_certfile and tls_keyfile"):
         GatewaySettings(tls_keyfile=tmp_path / "key.pem")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.7", "gateway.internal"])  # noqa: S104
+def test_authentication_off_is_refused_off_loopback(host: str) -> None:
+    with pytest.raises(ConfigurationError, match="not a loopback address"):
+        serving.check_exposure(host, AuthSettings(enabled=False))
+    serving.check_exposure(host, AuthSettings(enabled=True))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "[::1]", "localhost"])
+def test_authentication_off_is_allowed_on_loopback(host: str) -> None:
+    serving.check_exposure(host, AuthSettings(enabled=False))

@@ -63,7 +63,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "parameters": {"priority": 3, "trace": True, "note": "x", "temp": 0.5, "none": None},
         "deadline": NOW,
         "created_at": NOW,
-        "reply_to": {"topic": "replies", "partition": 7},
+        "reply_to": {"topic": "replies", "partition": 7, "nonce": "n-1"},
         "entity_key": "card-42",
     },
     INFERENCE_RESULT: {
