@@ -62,6 +62,7 @@ def cache_key(settings: PredictionCacheSettings, task: InferenceTask, version: s
         request["inputs"],
         request.get("outputs") or (),
         request.get("parameters"),
+        tenant=str(request.get("tenant") or "default"),
     )
 
 

@@ -28,8 +28,9 @@ from tidegate.core.errors import (
     InvalidInputError,
     LifecycleUnavailableError,
     ModelNotFoundError,
+    PermissionDeniedError,
 )
-from tidegate.gateway.audit_hooks import answered
+from tidegate.gateway.audit_hooks import answered, audit_denied
 from tidegate.gateway.backends import GatewayConfig
 from tidegate.gateway.dlq_api import install_dlq
 from tidegate.gateway.identity import Permission
@@ -348,9 +349,25 @@ async def experiment(
     return result.to_dict()
 
 
+def _allowed_fallback(request: Request, body: FallbackBody) -> FallbackBody:
+    """The body, once the caller may deploy on the fallback it names as well: the fallback
+    takes this model's refused calls, so a key scoped to one model could otherwise send that
+    model's traffic to any other."""
+    identity = request_identity(request)
+    if body.fallback is not None and not identity.allows(Permission.DEPLOY, body.fallback):
+        audit_denied(request, identity, Permission.DEPLOY, body.fallback)
+        raise PermissionDeniedError(
+            f"{identity.subject} may not deploy on model {body.fallback!r}, the fallback named"
+        )
+    return body
+
+
 @router.post("/models/{name}/fallback", **guarded(Permission.DEPLOY, model_from="name"))
 async def fallback(
-    name: str, body: FallbackBody, commands: Commands, actor: Actor
+    name: str,
+    body: Annotated[FallbackBody, Depends(_allowed_fallback)],
+    commands: Commands,
+    actor: Actor,
 ) -> dict[str, Any]:
     result = await commands.fallback(
         name,

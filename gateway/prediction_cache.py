@@ -103,6 +103,7 @@ class GatewayPredictionCache:
             record["inputs"],
             record.get("outputs") or (),
             record.get("parameters"),
+            tenant=str(record.get("tenant") or "default"),
         )
 
     def _cacheable(self, model: str, record: Mapping[str, Any]) -> bool:

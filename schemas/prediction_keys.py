@@ -3,7 +3,7 @@
 The worker and the gateway share this module, so an entry one of them stores is found by the
 other. No I/O here: the Redis round trips belong to the callers.
 
-A key hashes, in a fixed order: the model, the version, the requested outputs (in the order asked,
+A key hashes, in a fixed order: the request's tenant, the model, the version, the requested outputs (in the order asked,
 since that is the order they are answered in), the request parameters that may change the answer
 (all of them but the transport-only ones, sorted by name, each with its type) and the input
 tensors sorted by name, each as name, datatype, shape and raw data. Every piece is length-prefixed,
@@ -40,7 +40,7 @@ FALLBACK_PREFIX = "fallback:"
 """Routing rules of an answer by another model (a fallback): its version names that model's."""
 _MAGIC = b"TGPC1"
 _LEN = struct.Struct("<I")
-_VERSION = b"tidegate-prediction-key-1"
+_VERSION = b"tidegate-prediction-key-2"
 
 
 def _framed(parts: list[bytes], raw: bytes) -> None:
@@ -55,10 +55,14 @@ def prediction_key(
     inputs: Iterable[Mapping[str, Any]],
     outputs: Sequence[str] = (),
     parameters: Mapping[str, Any] | None = None,
+    *,
+    tenant: str,
 ) -> str:
-    """The Redis key of one request's answer by `model` `version` (`inputs` are `Tensor`
-    records: name, datatype, shape, raw data)."""
+    """The Redis key of one request's answer by `model` `version` for `tenant` (`inputs` are
+    `Tensor` records: name, datatype, shape, raw data). Each tenant has its own entries: a hit
+    (`cached: true`) must not tell one tenant what another asked."""
     parts: list[bytes] = [_VERSION]
+    _framed(parts, tenant.encode())
     _framed(parts, model.encode())
     _framed(parts, version.encode())
     parts.append(_LEN.pack(len(outputs)))

@@ -217,7 +217,9 @@ def test_a_cached_prediction_answers_without_publishing(
         published = len(worker.seen)
         record = worker.seen[-1]
         # Echo 1 is echo's one servable version: the gateway knows it before any worker does.
-        key = prediction_key(prefix, "echo", "1", record["inputs"], (), record["parameters"])
+        key = prediction_key(
+            prefix, "echo", "1", record["inputs"], (), record["parameters"], tenant=record["tenant"]
+        )
         out = from_numpy("echo", np.array(["CACHED"], dtype=object))
         redis.set(key, encode_outputs([out]), px=60_000)
         hit = server.http.post("/v2/models/echo/infer", json=body)

@@ -155,7 +155,9 @@ def test_a_cached_answer_skips_kafka_and_says_so(harness: Harness) -> None:
             "data": struct.pack("<2f", 0.5, 0.25),
             "parameters": {},
         }
-        key = prediction_key("t:", "fraud", "1", record["inputs"], (), record["parameters"])
+        key = prediction_key(
+            "t:", "fraud", "1", record["inputs"], (), record["parameters"], tenant=record["tenant"]
+        )
         redis.values[key] = encode_outputs([output])
         hit = client.post("/v2/models/fraud/infer", json=body)
     assert hit.status_code == 200, hit.text

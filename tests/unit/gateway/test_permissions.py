@@ -235,6 +235,20 @@ def test_a_key_scoped_to_one_model_may_not_call_another(
     assert {r["model"] for r in harness.worker.published} == {"fraud"}
 
 
+def test_a_fallback_needs_deploy_on_its_target_too(tmp_path: Path, store: MemoryKeyStore) -> None:
+    harness = secured(Harness(tmp_path), store)
+    fraud_only = key(store, Grant("deploy", frozenset({"fraud"})))
+    both = key(store, Grant("deploy", frozenset({"fraud", "fraud-lite"})))
+    route = "/admin/models/fraud/fallback"
+    with TestClient(full_app(harness)) as http:
+        denied = http.post(route, headers=fraud_only, json={"fallback": "fraud-lite"})
+        assert "fraud-lite" in problem_of(denied, 403)["detail"]
+        # Clearing it, or naming a model the key deploys on too, passes authorization (the
+        # lifecycle is not started here: 503).
+        assert http.post(route, headers=fraud_only, json={"fallback": None}).status_code == 503
+        assert http.post(route, headers=both, json={"fallback": "fraud-lite"}).status_code == 503
+
+
 def test_closed_health_and_metrics_need_read(tmp_path: Path, store: MemoryKeyStore) -> None:
     harness = secured(Harness(tmp_path), store, open_health=False, open_metrics=False)
     app = full_app(harness)

@@ -100,7 +100,7 @@ async def test_a_stored_answer_is_served_marked_cached_with_the_version() -> Non
 async def test_it_finds_what_a_worker_stored_under_the_same_key() -> None:
     redis = FakeRedis()
     rec = record()
-    key = prediction_key("g:", "fraud", "1", rec["inputs"], (), {})
+    key = prediction_key("g:", "fraud", "1", rec["inputs"], (), {}, tenant=rec["tenant"])
     redis.values[key] = encode_outputs([OUTPUT])
     cache = GatewayPredictionCache(as_redis(redis), SETTINGS, replica_id="g1")
     assert await cache.lookup("fraud", table_resolver(Feed(only_one())), rec) is not None

@@ -28,8 +28,11 @@ def key(
     version: str = "1",
     outputs: tuple[str, ...] = (),
     parameters: dict[str, Any] | None = None,
+    tenant: str = "default",
 ) -> str:
-    return prediction_key("p:", "fraud", version, inputs or [tensor()], outputs, parameters)
+    return prediction_key(
+        "p:", "fraud", version, inputs or [tensor()], outputs, parameters, tenant=tenant
+    )
 
 
 def test_the_key_names_model_and_version_and_is_stable() -> None:
@@ -79,7 +82,7 @@ def test_parameters_change_the_key_but_transport_ones_do_not() -> None:
 
 def test_length_prefixes_keep_concatenations_apart() -> None:
     assert key([tensor("ab", (1.0,))], version="1") != prediction_key(
-        "p:", "fraud", "1a", [tensor("b", (1.0,))]
+        "p:", "fraud", "1a", [tensor("b", (1.0,))], tenant="default"
     )
 
 
@@ -103,3 +106,9 @@ def test_outputs_round_trip() -> None:
 def test_a_damaged_value_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError, match="prediction cache"):
         decode_outputs(value)
+
+
+def test_each_tenant_has_its_own_entries() -> None:
+    """A hit (`cached: true`) must not tell one tenant what another asked."""
+    assert key(tenant="acme") != key(tenant="globex")
+    assert key(tenant="acme") == key(tenant="acme")
