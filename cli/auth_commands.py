@@ -128,6 +128,7 @@ def issue(
     *,
     expires_at: datetime | None = None,
     rate_per_s: float | None = None,
+    tenant: str | None = None,
 ) -> IssuedKey:
     """Create a key as the CLI's local identity, audited: what `keys create` (and the demo)
     runs. Exits 1 if the audit trail or the database cannot be reached."""
@@ -135,7 +136,12 @@ def issue(
         "keys.create",
         None,
         lambda store: store.create(
-            name, grants, created_by=actor(), expires_at=expires_at, rate_per_s=rate_per_s
+            name,
+            grants,
+            created_by=actor(),
+            expires_at=expires_at,
+            rate_per_s=rate_per_s,
+            tenant=tenant,
         ),
     )
 
@@ -147,7 +153,8 @@ def _row(record: KeyRecord, now: datetime) -> list[str]:
     expires = f"{record.expires_at:%Y-%m-%d %H:%M}" if record.expires_at else "-"
     rate = f"{record.rate_per_s:g}" if record.rate_per_s is not None else "-"
     created = f"{record.created_at:%Y-%m-%d %H:%M}"
-    return [record.id, record.name, record.state(now), grants, rate, created, expires]
+    tenant = record.tenant or "-"
+    return [record.id, record.name, record.state(now), grants, tenant, rate, created, expires]
 
 
 def _print_keys(records: list[KeyRecord], now: datetime) -> None:
@@ -157,7 +164,7 @@ def _print_keys(records: list[KeyRecord], now: datetime) -> None:
     table = Table()
     # The id is what `revoke` and `expire` take: never shortened.
     table.add_column("id", no_wrap=True, min_width=16)
-    for name in ("name", "state", "grants", "rate/s", "created", "expires"):
+    for name in ("name", "state", "grants", "tenant", "rate/s", "created", "expires"):
         table.add_column(name, overflow="fold")
     for record in records:
         table.add_row(*_row(record, now))
@@ -180,13 +187,20 @@ def create(
     rate: Annotated[
         float | None, typer.Option(min=0.001, help="Calls per second for this key (override).")
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            help="The tenant the key acts for: its calls are that tenant's, and naming another "
+            "is refused (default: none, the caller's `tenant` parameter stands)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Issue a key. It is printed once: store it now, it cannot be shown again."""
     now = datetime.now(UTC)
     grants = tuple(parse_grant(r) for r in role)
     expires_at = parse_expiry(expires, now) if expires else None
-    issued = issue(name, grants, expires_at=expires_at, rate_per_s=rate)
+    issued = issue(name, grants, expires_at=expires_at, rate_per_s=rate, tenant=tenant or None)
     secret = issued.key.get_secret_value()
     if as_json:
         sys.stdout.write(json.dumps({"key": secret, **issued.record.view(now)}) + "\n")

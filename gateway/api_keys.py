@@ -46,8 +46,8 @@ __all__ = [
 KEY_PREFIX = "tg_"
 _KEY = re.compile(r"^tg_([a-z0-9]{8,32})_([A-Za-z0-9_-]{20,128})$")
 _COLUMNS = (
-    "id, name, secret_hash, grants, rate_per_s, created_at, created_by, expires_at, revoked_at, "
-    "revoked_by, extract(epoch FROM expires_at - now())::float8 AS expires_in_s"
+    "id, name, secret_hash, grants, rate_per_s, tenant, created_at, created_by, expires_at, "
+    "revoked_at, revoked_by, extract(epoch FROM expires_at - now())::float8 AS expires_in_s"
 )
 
 
@@ -109,6 +109,8 @@ class KeyRecord:
     secret_hash: str
     grants: tuple[Grant, ...]
     rate_per_s: float | None
+    tenant: str | None
+    """The tenant the key acts for; None: the caller's `tenant` parameter stands."""
     created_at: datetime
     created_by: str
     expires_at: datetime | None
@@ -129,6 +131,7 @@ class KeyRecord:
             self.grants,
             rate_per_s=self.rate_per_s,
             labels={"key_name": self.name},
+            tenant=self.tenant,
         )
 
     def state(self, now: datetime | None = None) -> str:
@@ -150,6 +153,7 @@ class KeyRecord:
             "state": self.state(now),
             "grants": json.loads(grants_to_json(self.grants)),
             "rate_per_s": self.rate_per_s,
+            "tenant": self.tenant,
             "created_at": self.created_at.isoformat(),
             "created_by": self.created_by,
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
@@ -186,14 +190,16 @@ class KeyStore:
         created_by: str,
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
+        tenant: str | None = None,
     ) -> IssuedKey:
         key_id, key, secret_hash = issue(self.hasher, grants)
         async with connection(self.pool) as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(
-                f"INSERT INTO api_keys (id, name, secret_hash, grants, rate_per_s, created_by,"  # noqa: S608
-                f" expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {_COLUMNS}",
-                (key_id, name, secret_hash, grants_to_json(grants), rate_per_s, created_by,
-                 expires_at),
+                f"INSERT INTO api_keys (id, name, secret_hash, grants, rate_per_s, tenant,"  # noqa: S608
+                f" created_by, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                f" RETURNING {_COLUMNS}",
+                (key_id, name, secret_hash, grants_to_json(grants), rate_per_s, tenant,
+                 created_by, expires_at),
             )  # fmt: skip
             row = await cur.fetchone()
         assert row is not None  # noqa: S101 - INSERT ... RETURNING returns the row

@@ -97,6 +97,11 @@ class AuthSettings(BaseSettings):
         None,
         description="A claim naming the models the roles are scoped to (absent: all models).",
     )
+    jwt_tenant_claim: str = Field(
+        "tenant",
+        description="The claim naming the tenant the caller acts for; a token with it makes "
+        "every call that tenant's (another `tenant` parameter is refused, 403).",
+    )
     jwt_cache_s: float = Field(
         60.0,
         gt=0,

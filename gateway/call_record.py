@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from tidegate.clients.producer import LANES, Lane
-from tidegate.core.errors import InvalidInputError, ModelUnavailableError
+from tidegate.core.errors import InvalidInputError, ModelUnavailableError, PermissionDeniedError
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.schemas.requests import FALLBACK_OF, build_request
 from tidegate.schemas.v2 import V2Request, scalar_parameters
@@ -153,11 +153,13 @@ def new_record(
     reply_to: Mapping[str, Any] | None,
     deadline_s: float | None = None,
     nonce: str | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The record to publish; `reply_to` is this replica's reply partition, None while unheld,
     `deadline_s` the call's deadline in seconds from now (the earlier of it and Triton's
-    `timeout` parameter is the request's), and `nonce` this submission's (`new_nonce`), which
-    its reply carries back."""
+    `timeout` parameter is the request's), `nonce` this submission's (`new_nonce`), which
+    its reply carries back, and `tenant` the one the caller's identity acts for, if any: the
+    request is then that tenant's, and a `tenant` parameter naming another is refused (403)."""
     params = scalar_parameters(v2.parameters, "parameters")
     params.pop("lane", None)  # the topic says it (`lane`)
     params.pop(FALLBACK_OF, None)  # only `divert` marks a request as diverted
@@ -179,13 +181,23 @@ def new_record(
         inputs,
         version=version,
         routing_key=str(params.pop("routing_key")) if params.get("routing_key") else None,
-        tenant=str(params.pop("tenant", None) or "default"),
+        tenant=_tenant(params.pop("tenant", None), tenant),
         deadline=_deadline(deadline_s, timeout_us),
         request_id=request_id,
         outputs=[o.name for o in v2.outputs or []],
         parameters=params,
         reply_to={**reply_to, "nonce": nonce},
     )
+
+
+def _tenant(asked: Any, identity_tenant: str | None) -> str:
+    if identity_tenant is None:
+        return str(asked or "default")
+    if asked and asked != identity_tenant:
+        raise PermissionDeniedError(
+            f"this caller acts for tenant {identity_tenant!r}, not {str(asked)!r}"
+        )
+    return identity_tenant
 
 
 def _deadline(deadline_s: float | None, timeout_us: int | None) -> timedelta | None:

@@ -76,13 +76,17 @@ class Grant:
 class Identity:
     """`subject` names the caller in the audit trail and as the lifecycle's actor: the key's id
     (`key:<id>`), the token's `sub` (`jwt:<issuer>/<sub>`) or the local name (`local:<name>`).
-    `rate_per_s` overrides the configured rate limit for this caller (None: the default)."""
+    `rate_per_s` overrides the configured rate limit for this caller (None: the default), and
+    `tenant` is the one it acts for, if it names one."""
 
     subject: str
     kind: IdentityKind
     grants: tuple[Grant, ...] = ()
     rate_per_s: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    tenant: str | None = None
+    """The tenant the caller acts for (a key's, or a token's claim): its calls are that tenant's
+    whatever their `tenant` parameter says. None: the parameter (else `default`) stands."""
 
     def allows(self, permission: Permission, model: str | None = None) -> bool:
         """Whether a route needing `permission` (on `model`, when it names one) is allowed. A

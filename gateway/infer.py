@@ -88,6 +88,8 @@ class InferCall:
     respond_async: bool = False
     owner: str | None = None
     lane: str | None = None
+    tenant: str | None = None
+    """The tenant the caller's identity acts for, if it names one (`Identity.tenant`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,7 @@ class Inference:
                 reply_to,
                 budget.deadline_s,
                 call_record.new_nonce(),
+                call.tenant,
             )
             prefs = OutputPrefs.from_request(v2)
             if call.respond_async:

@@ -107,6 +107,7 @@ async def _infer(
             respond_async=prefers_async(request),
             owner=identity.subject if identity is not None else None,
             lane=headers.get(LANE),
+            tenant=identity.tenant if identity is not None else None,
         )
         outcome = await inference.infer(call)
     response = respond(outcome, request.url.path)

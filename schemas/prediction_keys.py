@@ -3,11 +3,12 @@
 The worker and the gateway share this module, so an entry one of them stores is found by the
 other. No I/O here: the Redis round trips belong to the callers.
 
-A key hashes, in a fixed order: the request's tenant, the model, the version, the requested outputs (in the order asked,
-since that is the order they are answered in), the request parameters that may change the answer
-(all of them but the transport-only ones, sorted by name, each with its type) and the input
-tensors sorted by name, each as name, datatype, shape and raw data. Every piece is length-prefixed,
-so no two different requests concatenate to the same bytes. The model and version are also in the
+A key hashes, in a fixed order: the request's tenant (so a hit never tells one tenant what
+another asked), the model, the version, the requested outputs (in the order asked, since that is
+the order they are answered in), the request parameters that may change the answer (all of them
+but the transport-only ones, sorted by name, each with its type) and the input tensors sorted by
+name, each as name, datatype, shape and raw data. Every piece is length-prefixed, so no two
+different requests concatenate to the same bytes. The model and version are also in the
 key's text, so an operator can see (and `SCAN`) a version's entries.
 
 A value holds the result's output tensors: a JSON header (name, datatype, shape and data length of

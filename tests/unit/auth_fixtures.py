@@ -52,10 +52,11 @@ class MemoryKeyStore(KeyStore):
         created_by: str,
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
+        tenant: str | None = None,
     ) -> IssuedKey:
         key_id, key, secret_hash = issue(self.hasher, grants)
         record = KeyRecord(
-            key_id, name, secret_hash, grants, rate_per_s,
+            key_id, name, secret_hash, grants, rate_per_s, tenant,
             self.db_now(), created_by, expires_at, None, None,
         )  # fmt: skip
         self.rows[key_id] = record

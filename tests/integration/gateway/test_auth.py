@@ -297,12 +297,12 @@ def test_the_cli_issues_lists_expires_and_revokes_keys_each_change_audited(
     monkeypatch.setenv(ACTOR_ENV, "before")  # what `--as` sets is undone afterwards
     runner = CliRunner()
     name = unique("ops")
-    created = runner.invoke(
-        cli_app, ["--as", name, "auth", "keys", "create", "ci", "--role", "infer:fraud", "--json"]
-    )
+    args = ["--as", name, "auth", "keys", "create", "ci", "--role", "infer:fraud"]
+    created = runner.invoke(cli_app, [*args, "--tenant", "acme", "--json"])
     assert created.exit_code == 0, created.output
     made = json.loads(created.stdout)
     assert made["created_by"] == f"local:{name}"
+    assert made["tenant"] == "acme"
     assert made["grants"] == [{"role": "infer", "models": ["fraud"]}]
     app, _ = gateway(tmp_path, pg_settings, topics, revocation_s=0.5)
     with TestClient(app) as http:
@@ -439,11 +439,24 @@ def test_migration_0007_rolls_back_and_applies_again(pg_settings: PostgresSettin
         assert row is not None
         return bool(row[0]), str(row[1])
 
-    assert state() == (True, "7")
+    assert state() == (True, "8")
     migrations = read_migrations(str(MIGRATIONS_DIR)).filter(lambda m: m.id >= "0007_api_keys")
     url = f"{pg_settings.url()}?schema={pg_settings.db_schema}"
     with get_backend(url) as backend, backend.lock():
         backend.rollback_migrations(backend.to_rollback(migrations))
     assert state() == (False, "6")
-    assert "0007_api_keys" in migrate(pg_settings)
-    assert state() == (True, "7")
+    assert {"0007_api_keys", "0008_key_tenant"} <= set(migrate(pg_settings))
+    assert state() == (True, "8")
+
+
+def test_a_keys_tenant_is_kept_and_becomes_its_identitys(keys: Keys) -> None:
+    async def go(store: KeyStore) -> tuple[KeyRecord | None, KeyRecord | None]:
+        scoped = await store.create("it", (Grant("infer"),), created_by="local:it", tenant="acme")
+        plain = await store.create("it", (Grant("infer"),), created_by="local:it")
+        return await store.get(scoped.record.id), await store.get(plain.record.id)
+
+    scoped, plain = keys.run(go)
+    assert scoped is not None
+    assert plain is not None
+    assert (scoped.tenant, scoped.identity().tenant, scoped.view()["tenant"]) == ("acme",) * 3
+    assert (plain.tenant, plain.identity().tenant) == (None, None)
