@@ -35,7 +35,7 @@ SECRET_EXAMPLE = K8S / "secret.example.yaml"
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 (what the gateway must listen on in a pod)
 TMP = "/tmp"  # noqa: S108 (an emptyDir in the pods)
 # Read by libpq, not by tidegate's settings.
-PASSTHROUGH = {"PGSSLMODE"}
+PASSTHROUGH = {"PGSSLMODE", "PGSSLROOTCERT"}
 Doc = dict[str, Any]
 
 
@@ -202,6 +202,10 @@ def test_the_sasl_ssl_overlay_configures_kafka_for_it() -> None:
     for name, spec in pod_specs(docs):
         mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
         assert str(ca.parent) in mounts, f"{name} does not mount the Kafka CA"
+        # PostgreSQL's certificate is verified, against a CA every pod mounts.
+        assert config(docs)["PGSSLMODE"] == "verify-full"
+        pg_ca = Path(config(docs)["PGSSLROOTCERT"])
+        assert str(pg_ca.parent) in mounts, f"{name} does not mount the PostgreSQL CA"
     trigger = kind(docs, "ScaledObject")[0]["spec"]["triggers"][0]
     assert trigger["metadata"]["sasl"] == "scram_sha512"
     assert trigger["metadata"]["tls"] == "enable"
