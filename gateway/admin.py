@@ -248,14 +248,15 @@ async def served(request_id: str, commands: Commands, request: Request) -> dict[
 
 @router.post("/models/{name}/versions", **guarded(Permission.DEPLOY, model_from="name"))
 async def register(name: str, body: RegisterBody, commands: Commands, actor: Actor) -> JSONResponse:
-    """Register a package from a path on the gateway's host: 201 when a version was
-    registered (validated or failed, see `status`), 200 when it already was."""
+    """Register a package from a path under the gateway's packages root: 201 when a version
+    was registered (validated or failed, see `status`), 200 when it already was."""
     result = await commands.register(
         Path(body.path),
         actor=actor,
         name=name,
         version=body.version,
         expected_sequence=body.expected_sequence,
+        root=commands.model_settings.packages_root,
     )
     return JSONResponse(result.to_dict(), status_code=201 if result.action == "registered" else 200)
 

@@ -19,6 +19,17 @@ class ModelSettings(BaseSettings):
     model_config = settings_config("TIDEGATE_MODELS_")
 
     store_dir: Path = Field(Path("var/models"), description="Root of the local artifact store.")
+    packages_root: Path = Field(
+        Path("var/packages"),
+        description="Registration through the gateway (`POST /admin/models/{name}/versions`) "
+        "reads package directories under this one only, and no file that resolves outside it.",
+    )
+    allow_pickled: bool = Field(
+        False,
+        description="Load model formats that unpickle, and so can run any code as they load: "
+        "torch.export archives (.pt2). Off, such a package fails validation; turn it on only "
+        "for packages you trust as you trust code (docs/security.md).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto picks CUDA when present, the CPU otherwise."
     )

@@ -121,10 +121,16 @@ class LifecycleCommands:
         name: str | None = None,
         version: str | None = None,
         expected_sequence: int | None = None,
+        root: Path | None = None,
     ) -> RegisterResult:
         """Import the package at `path`, append `ModelRegistered`, then validate it (load and
-        warm-up) and append `ArtifactValidated` or `ValidationFailed`."""
+        warm-up) and append `ArtifactValidated` or `ValidationFailed`. With `root`, only a
+        package under it (links resolved) is read (`register.confined`)."""
+        if root is not None:
+            path = register.confined(root, path)
         manifest = register.read_package(path, name, version)
+        if root is not None:
+            register.check_confined(root, path, manifest)
         model, ver = manifest.name, manifest.version
         imported = await register.import_package(self.store, path, manifest)
         state = await self._read(model, expected_sequence)

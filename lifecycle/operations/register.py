@@ -6,6 +6,9 @@ lists. Validation is the worker's own `load_package` (fetch, sha256 check, load,
 synthetic batch), so a version that validates here is one a worker can load. An artifact that cannot
 be imported (a file whose sha256 differs from its manifest) or cannot be loaded is still registered,
 with the reason it failed, and never becomes servable: the attempt stays in the audit log.
+
+Through the gateway (`root`), a package is read only under the packages root, links resolved
+(`confined`): a `deploy` key may not make the gateway read any path on its host.
 """
 
 from __future__ import annotations
@@ -24,9 +27,37 @@ from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime import load_package
 from tidegate.models.store import LocalArtifactStore
 
-__all__ = ["MANIFEST_FILE", "Imported", "import_package", "read_package", "validate"]
+__all__ = [
+    "MANIFEST_FILE",
+    "Imported",
+    "check_confined",
+    "confined",
+    "import_package",
+    "read_package",
+    "validate",
+]
 
 MANIFEST_FILE = "manifest.json"
+_OUTSIDE = "no package {path} under the packages root (TIDEGATE_MODELS_PACKAGES_ROOT) to read"
+
+
+def confined(root: Path, given: Path) -> Path:
+    """`given` (absolute, or relative to `root`) as a directory under `root` once every link is
+    resolved; else one `ArtifactError` whatever the reason (outside, missing, not a directory),
+    so a refusal never tells which paths exist."""
+    base = root.resolve()
+    found = (given if given.is_absolute() else base / given).resolve()
+    if not (found.is_relative_to(base) and found.is_dir()):
+        raise ArtifactError(_OUTSIDE.format(path=given))
+    return found
+
+
+def check_confined(root: Path, directory: Path, manifest: Manifest) -> None:
+    """Refuse a package whose files (through links) resolve outside `root`."""
+    base = root.resolve()
+    for relative in manifest.files:
+        if not (directory / relative).resolve().is_relative_to(base):
+            raise ArtifactError(_OUTSIDE.format(path=directory))
 
 
 def read_package(directory: Path, name: str | None = None, version: str | None = None) -> Manifest:

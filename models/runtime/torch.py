@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tidegate.core.errors import ModelExecutionError
+from tidegate.core.errors import ArtifactError, ModelExecutionError
 from tidegate.models.manifest import ModelPackage
 from tidegate.models.runtime.device import torch_device
 from tidegate.models.runtime.executor import ExecutorRuntime
@@ -36,6 +36,13 @@ class TorchRuntime(ExecutorRuntime):
         device = torch_device(self.settings, torch.cuda.is_available())
         path = package.path(package.manifest.entrypoint)
         if path.suffix == ".pt2":
+            if not self.settings.allow_pickled:
+                # torch.export.load unpickles parts of the archive: loading it runs its code.
+                raise ArtifactError(
+                    f"{path.name} is a torch.export archive, which unpickles as it loads (it can "
+                    "run any code); set TIDEGATE_MODELS_ALLOW_PICKLED=true to load packages you "
+                    "trust as code, or export the model as ONNX or TorchScript"
+                )
             module = torch.export.load(str(path)).module().to(device)
         else:
             # torch 2.9+ warns that TorchScript is deprecated on every load; loading it is this

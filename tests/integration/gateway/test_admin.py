@@ -54,11 +54,12 @@ async def open_commands(
     kafka: KafkaSettings,
     registry: SchemaRegistrySettings,
     store_dir: Path,
+    packages_root: Path,
 ) -> AsyncIterator[LifecycleCommands]:
     lc = LifecycleSettings()
     async with LifecycleLog.from_settings(pg, lc, kafka, topics, registry) as log:
-        store = LocalArtifactStore(ModelSettings(store_dir=store_dir))
-        yield LifecycleCommands(log, log.pool, store, lc)
+        models = ModelSettings(store_dir=store_dir, packages_root=packages_root)
+        yield LifecycleCommands(log, log.pool, LocalArtifactStore(models), lc, models=models)
 
 
 @pytest.fixture
@@ -68,9 +69,10 @@ async def commands(
     kafka_settings: KafkaSettings,
     registry_settings: SchemaRegistrySettings,
     tmp_path: Path,
+    packages: Path,
 ) -> AsyncIterator[LifecycleCommands]:
     async with open_commands(
-        pg_settings, topics, kafka_settings, registry_settings, tmp_path / "store"
+        pg_settings, topics, kafka_settings, registry_settings, tmp_path / "store", packages
     ) as opened:
         yield opened
 
@@ -242,6 +244,9 @@ async def test_refusals_gate_and_conflicts(
     problem(rate, 400, "INVALID_INPUT")
     missing = await client.post("/admin/models/fraud/versions", json={"path": "/nonexistent"})
     problem(missing, 422, "ARTIFACT")
+    # Outside the packages root: the same answer as for a path that does not exist.
+    outside = await client.post("/admin/models/fraud/versions", json={"path": "/etc"})
+    assert "packages root" in problem(outside, 422, "ARTIFACT")["detail"]
 
 
 def test_create_app_mounts_admin_only_with_a_lifecycle(
@@ -255,6 +260,7 @@ def test_create_app_mounts_admin_only_with_a_lifecycle(
     config = dataclasses.replace(harness.config, topics=topics)
     monkeypatch.setenv("TIDEGATE_POSTGRES_DB_SCHEMA", pg_settings.db_schema)
     monkeypatch.setenv("TIDEGATE_MODELS_STORE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("TIDEGATE_MODELS_PACKAGES_ROOT", str(packages))
     app = create_app(config, lambda _c: harness.services, admin=lifecycle_admin)
     with TestClient(app) as http:
         assert http.get("/admin/models").json() == []

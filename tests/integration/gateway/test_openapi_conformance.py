@@ -67,6 +67,7 @@ Api = Callable[[Authenticator], schemathesis.BaseSchema]
 @pytest.fixture
 def api(
     tmp_path: Path,
+    packages: Path,
     pg_settings: PostgresSettings,
     lifecycle_topic: str,
     new_topic: Callable[..., str],
@@ -75,6 +76,7 @@ def api(
     """The schema of a gateway app that authenticates with the given authenticator."""
     monkeypatch.setenv("TIDEGATE_POSTGRES_DB_SCHEMA", pg_settings.db_schema)
     monkeypatch.setenv("TIDEGATE_MODELS_STORE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("TIDEGATE_MODELS_PACKAGES_ROOT", str(packages))
     harness = Harness(tmp_path)
     topics = TopicSettings(
         requests=new_topic("it-oas-requests"),

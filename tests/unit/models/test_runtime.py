@@ -184,7 +184,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifactStore:
     return store
 
 
-SETTINGS = ModelSettings(intra_op_threads=2)
+SETTINGS = ModelSettings(intra_op_threads=2, allow_pickled=True)
 BATCH = np.random.default_rng(7).standard_normal((5, 8)).astype(np.float32)
 
 
@@ -374,3 +374,10 @@ def test_device_choice() -> None:
         torch_device(cuda, False)
     with pytest.raises(ConfigurationError, match="onnxruntime sees no CUDA"):
         onnx_providers(cuda, ["CPUExecutionProvider"])
+
+
+async def test_an_archive_that_unpickles_is_refused_unless_allowed(
+    store: LocalArtifactStore,
+) -> None:
+    with pytest.raises(ArtifactError, match="unpickles"):
+        await load_package(store, "tiny", "pt2", ModelSettings())
