@@ -8,6 +8,7 @@ and a broken audit topic cannot refuse calls.
 * `auth.failed`: missing, malformed, unknown, revoked, expired or wrongly signed credentials on a
   route that needs them; actor `anonymous`, `details.reason` says why.
 * `auth.denied`: an authenticated caller without the permission (403); actor its identity.
+  Both refusals are rate-limited per client host and in all (`RefusalBudget`), drops counted.
 * An admin action: every call of a route that needs `deploy` or `admin`, named `lifecycle.<route>`
   (`lifecycle.promote`, `lifecycle.retire`, ...) or `dlq.<route>` (`dlq.start_redrive`, ...).
   `target` is the model, `model@version` when one is named, `outcome` `success` (2xx/3xx),
@@ -28,15 +29,20 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from limits import RateLimitItemPerSecond
+from limits.storage import MemoryStorage
+from limits.strategies import FixedWindowRateLimiter
 
 from tidegate.clients.audit import DENIED, FAILURE, SUCCESS, AuditTrail
 from tidegate.core.errors import TidegateError
+from tidegate.gateway import http_metrics as metrics
 from tidegate.gateway.identity import ANONYMOUS, Identity, Permission
 from tidegate.gateway.problems import error_problem, validation_problem
 
 __all__ = [
     "AUDITED",
     "PERMISSION_KEY",
+    "RefusalBudget",
     "answered",
     "audit_action",
     "audit_auth_failure",
@@ -78,9 +84,43 @@ def outcome_of(status: int) -> str:
     return FAILURE
 
 
+class RefusalBudget:
+    """How many refusal entries (`auth.failed`, `auth.denied`) the trail takes: at most
+    `per_source` a second from one client host, and `overall` a second in all, a fixed window
+    each (the `limits` library). Past either, an entry is dropped and counted
+    (`tidegate_gateway_audit_refusals_dropped_total`): anonymous callers cannot flood the audit
+    topic, nor crowd out the entries of admin actions that were allowed, which are never limited
+    (a refused call of an admin route counts as a refusal)."""
+
+    def __init__(self, per_source: int = 5, overall: int = 50) -> None:
+        self._limiter = FixedWindowRateLimiter(MemoryStorage())
+        self._per_source = RateLimitItemPerSecond(per_source)
+        self._overall = RateLimitItemPerSecond(overall)
+
+    def take(self, action: str, source: str | None) -> bool:
+        allowed = self._limiter.hit(self._per_source, "source", source or "-") and (
+            self._limiter.hit(self._overall, "all")
+        )
+        if not allowed:
+            metrics.AUDIT_DROPPED.labels(action).inc()
+        return allowed
+
+
+_BUDGET = "audit_refusal_budget"
+
+
+def _budget(request: Request) -> RefusalBudget:
+    state = request.app.state
+    budget: RefusalBudget | None = getattr(state, _BUDGET, None)
+    if budget is None:
+        budget = RefusalBudget()
+        setattr(state, _BUDGET, budget)
+    return budget
+
+
 def audit_auth_failure(request: Request, reason: str) -> None:
     trail = _trail(request)
-    if trail is None:
+    if trail is None or not _budget(request).take("auth.failed", client_address(request)):
         return
     trail.record(
         "auth.failed",
@@ -96,7 +136,7 @@ def audit_denied(
     request: Request, identity: Identity, needed: Permission, model: str | None
 ) -> None:
     trail = _trail(request)
-    if trail is None:
+    if trail is None or not _budget(request).take("auth.denied", client_address(request)):
         return
     details = {
         "permission": needed.value,
@@ -139,11 +179,15 @@ def audit_action(request: Request, action: str, status: int) -> None:
     trail = _trail(request)
     if trail is None:
         return
+    outcome = outcome_of(status)
+    # A refused call of an admin route is a refusal like the others: limited, counted.
+    if outcome == DENIED and not _budget(request).take(action, client_address(request)):
+        return
     identity: Identity = getattr(request.state, "identity", ANONYMOUS)
     trail.record(
         action,
         actor=identity.subject,
-        outcome=outcome_of(status),
+        outcome=outcome,
         source=_source(request),
         target=_target(request),
         details={"status": str(status), "method": request.method, "path": request.url.path},

@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "ADMISSION_LIMIT",
+    "AUDIT_DROPPED",
     "ESTIMATED_DELAY",
     "FALLBACKS",
     "IN_FLIGHT",
@@ -49,9 +50,16 @@ SHED = Counter(
     "Calls refused with 503 by admission control: too many in flight, or an estimated queueing "
     "delay past their budget (docs/overload.md).",
 )
+AUDIT_DROPPED = Counter(
+    "tidegate_gateway_audit_refusals_dropped_total",
+    "Refused-credential and denied-permission audit entries not written, past the per-source or "
+    "overall rate the trail takes them at (docs/audit.md), by action.",
+    ["action"],
+)
 ADMISSION_LIMIT = Gauge(
     "tidegate_gateway_admission_limit",
-    "A model's adaptive in-flight limit in this replica (AIMD on latency, <= service rate x SLO).",
+    "A model's adaptive in-flight limit in this replica (the gradient of its calls' latency "
+    "over the no-load latency, decision 020).",
     ["model"],
 )
 ESTIMATED_DELAY = Gauge(

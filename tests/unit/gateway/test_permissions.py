@@ -21,6 +21,7 @@ from tests.unit.auth_fixtures import MemoryKeyStore, bearer
 from tests.unit.gateway_harness import Harness, features, problem_of
 from tidegate.clients.audit import MemoryAuditTrail
 from tidegate.core.errors import InvalidTransitionError, RateLimitedError
+from tidegate.gateway import http_metrics
 from tidegate.gateway.admin import install_admin, lifecycle_admin
 from tidegate.gateway.app import create_app
 from tidegate.gateway.auth_settings import AuthSettings
@@ -352,3 +353,28 @@ def test_the_actor_is_the_identity_whatever_x_tidegate_actor_says_and_is_audited
     assert failed["source"] == "testclient:50000"
     assert trail.events[4]["details"]["permission"] == "admin"
     assert all(deployer["Authorization"][7:] not in str(e) for e in trail.events)
+
+
+def test_refusals_are_audited_at_a_bounded_rate_and_the_rest_counted(
+    store: MemoryKeyStore,
+) -> None:
+    app = FastAPI()
+    install_admin(app, FakeCommands())  # type: ignore[arg-type]
+    app.state.authenticator = Authenticator(AuthSettings(), keys=KeyVerifier(store))
+    app.state.audit = trail = MemoryAuditTrail()
+    counters = [http_metrics.AUDIT_DROPPED.labels(a) for a in ("auth.failed", "lifecycle.promote")]
+    before = sum(c._value.get() for c in counters)
+    deployer = key(store, Grant("deploy"))
+    with TestClient(app) as http:
+        for _ in range(12):  # a flood of bogus keys, within one second
+            bogus = {"Authorization": "Bearer tg_0000000000000000_" + "x" * 43}
+            http.post("/admin/models/fraud/promote", headers=bogus, json={"version": "1"})
+        ok = http.post("/admin/models/fraud/promote", headers=deployer, json={"version": "1"})
+        assert ok.status_code == 200, ok.text
+    actions = [(e["action"], e["outcome"]) for e in trail.events]
+    # Each refused call is two refusal entries (the failed credentials, the denied action): 5 a
+    # second from one client host are written, the other 19 counted.
+    assert [outcome for _, outcome in actions].count("denied") == 5
+    assert sum(c._value.get() for c in counters) - before == 19
+    # An allowed admin action is always recorded, however many refusals came before it.
+    assert actions[-1] == ("lifecycle.promote", "success")
