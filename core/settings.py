@@ -35,6 +35,7 @@ __all__ = [
     "TopicSettings",
     "TracingSettings",
     "instance_id",
+    "is_loopback",
     "secure_url",
     "settings_config",
 ]
@@ -361,7 +362,7 @@ class PostgresSettings(BaseSettings):
         """The role's password: the one set, else the local stack's, on a loopback host only."""
         if self.password is not None:
             return self.password.get_secret_value()
-        if self.host == "localhost" or _is_loopback(self.host):
+        if is_loopback(self.host):
             return _LOCAL_STACK_PASSWORD
         raise ConfigurationError(
             f"TIDEGATE_POSTGRES_PASSWORD is unset, and {self.host!r} is no local stack: set it"
@@ -386,9 +387,13 @@ class PostgresSettings(BaseSettings):
         return f"postgresql+psycopg://{user}:{pw}@{self.host}:{self.port}/{self.dbname}"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only: `localhost`, or a loopback address (brackets of an
+    IPv6 literal allowed). Any other name may resolve to anything, so it is not."""
+    if host == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 

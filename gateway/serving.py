@@ -15,7 +15,6 @@ TLS when `tls_certfile` and `tls_keyfile` are set (docs/gateway-hardening.md).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +25,7 @@ from pydantic import SecretStr
 
 from tidegate.core.errors import ConfigurationError
 from tidegate.core.heap import settle
-from tidegate.core.settings import TopicSettings
+from tidegate.core.settings import TopicSettings, is_loopback
 from tidegate.core.telemetry import configure_logging
 from tidegate.gateway.admin import lifecycle_admin
 from tidegate.gateway.app import create_app
@@ -91,21 +90,12 @@ def uvicorn_options(settings: GatewaySettings) -> dict[str, Any]:
 def check_exposure(host: str, auth: AuthSettings) -> None:
     """Refuse to serve with authentication off (`--insecure`, `TIDEGATE_AUTH_ENABLED=false`) on
     any address but a loopback one: every caller would be an admin."""
-    if auth.enabled or _loopback(host):
+    if auth.enabled or is_loopback(host):
         return
     raise ConfigurationError(
         f"authentication is off, and {host!r} is not a loopback address: anyone who reaches it "
         "would be an admin. Serve on 127.0.0.1 (or ::1), or turn authentication on"
     )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
 
 
 def serve(overrides: Mapping[str, Any] | None = None) -> None:
