@@ -85,9 +85,9 @@ DEFAULT_MAX_RECORD_BYTES = 1_000_000
 """librdkafka's default `message.max.bytes`, the largest record a producer takes."""
 
 STICKY_WINDOW_S = 0.01
-"""How long requests without a routing key stay on one partition (librdkafka's own
-`sticky.partitioning.linger.ms` default): longer than any linger, so a linger's worth of them
-make one ProduceRequest."""
+"""How long requests without a routing key stay on one partition at least (librdkafka's own
+`sticky.partitioning.linger.ms` default); a producer that lingers longer keeps them there for its
+`linger.ms`, so a linger's worth of them make one ProduceRequest."""
 
 
 def lane_topic(topics: TopicSettings, lane: Lane) -> str:
@@ -138,7 +138,10 @@ class TidegateProducer:
             self._producer_extra.get("message.max.bytes", DEFAULT_MAX_RECORD_BYTES)
         )
         self._producer: Producer | None = None
-        self._sticky = StickyPartitions(STICKY_WINDOW_S)
+        # A partition switched within a linger would split its requests over two ProduceRequests.
+        linger_s = float(self._producer_extra.get("linger.ms", 0)) / 1000.0
+        self.sticky_window_s = max(STICKY_WINDOW_S, linger_s)
+        self._sticky = StickyPartitions(self.sticky_window_s)
         self._partitions: dict[str, int | None] = {}
         self._consumer: Consumer | None = None
         self._encoder: AvroEncoder | None = None

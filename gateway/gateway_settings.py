@@ -62,14 +62,16 @@ class GatewaySettings(BaseSettings):
         "request is not in Kafka. An asynchronous call is answered within it.",
     )
     publish_linger_ms: float = Field(
-        10.0,
+        20.0,
         ge=0,
         le=1000,
         description="How long the gateway's producer holds a request for others to share its "
-        "ProduceRequest (librdkafka's `linger.ms`). Calls without a routing key share a sticky "
-        "partition, so at 250 calls/s 10 ms puts 2-3 in each: measured on `tidegate demo "
-        "--keep`'s processes, 3.3-3.8 ms of machine CPU per call against 4.6-4.9 ms at 2 ms, for "
-        "10 ms more latency (docs/benchmarks.md).",
+        "ProduceRequest (librdkafka's `linger.ms`); calls without a routing key stay on one "
+        "sticky partition for as long. Every call's batch then costs one produce, one worker "
+        "fetch, one batch of the model and one result and reply produce: measured on `tidegate "
+        "demo --keep`'s processes at 250 calls/s, 20 ms gave 2.7-2.8 ms of machine CPU per call "
+        "against 3.1-3.3 ms at 10 ms, for 7 ms more median latency; 30 ms put the p99 at 500 "
+        "calls/s over 100 ms (docs/benchmarks.md).",
     )
     kafka_probe_s: float = Field(
         0.5,

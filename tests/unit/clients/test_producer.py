@@ -69,6 +69,14 @@ def test_unstarted_producer_refuses() -> None:
         producer.await_result("r", timeout=0.01)
 
 
+def test_keyless_requests_stay_on_one_partition_for_a_whole_linger() -> None:
+    """A partition switched within a linger splits that linger's requests over two
+    ProduceRequests: the sticky window is the linger, or librdkafka's 10 ms when shorter."""
+    assert TidegateProducer(producer_extra={"linger.ms": 20}).sticky_window_s == 0.02
+    assert TidegateProducer(producer_extra={"linger.ms": 2}).sticky_window_s == 0.01
+    assert TidegateProducer().sticky_window_s == 0.01
+
+
 def test_parse_line() -> None:
     line = {
         "model": "fraud",

@@ -94,8 +94,8 @@ def test_a_record_over_the_limit_is_refused_before_it_is_enqueued(size: int, ref
 
 def test_the_producer_lingers_as_configured() -> None:
     """Keyless calls share a sticky partition; the linger is what lets a few of them share one
-    ProduceRequest (decision 019): 10 ms unless configured otherwise."""
-    assert producer_options(GatewaySettings(), 1000)["linger.ms"] == 10.0
+    ProduceRequest (decision 019): 20 ms unless configured otherwise."""
+    assert producer_options(GatewaySettings(), 1000)["linger.ms"] == 20.0
     options = producer_options(GatewaySettings(publish_linger_ms=3, publish_timeout_s=2), 5000)
     assert options["linger.ms"] == 3
     assert options["message.timeout.ms"] == 2000
