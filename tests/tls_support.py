@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.support import wait_for
+from tests.support import WaitTimeoutError, wait_for
 from tidegate.cli.procs import Child
 
 __all__ = ["self_signed", "wait_https"]
@@ -54,12 +54,13 @@ def self_signed(directory: Path, password: bytes) -> tuple[Path, Path]:
 
 def wait_https(url: str, child: Child, trust: ssl.SSLContext) -> None:
     """Poll `url` over HTTPS until it answers 200; on failure, say what the gateway logged."""
+
+    def ready() -> bool:
+        assert child.process.poll() is None, f"{child.name} exited:\n{child.tail()}"
+        return httpx.get(url, verify=trust, timeout=2).status_code == 200
+
     try:
-        wait_for(
-            lambda: child.process.poll() is None
-            and httpx.get(url, verify=trust, timeout=2).status_code == 200,
-            timeout=120,
-            what=url,
-        )
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{child.tail()}") from None
+        # Until it listens, connecting fails (the last such error is in the timeout's message).
+        wait_for(ready, timeout=120, what=url, retry_on=(httpx.TransportError,))
+    except WaitTimeoutError as exc:
+        raise WaitTimeoutError(f"{exc}\n{child.tail()}") from None

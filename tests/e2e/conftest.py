@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import free_port, unique
+from tidegate.cli.lifecycle_session import EXIT_REFUSED
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.db import migrate
 from tidegate.core.settings import PostgresSettings
@@ -52,6 +53,15 @@ class Pipeline:
         """Run `tidegate ARGS... --json` and return what it printed, parsed."""
         return json.loads(_cli(self.env, *args, "--json"))
 
+    def lookup(self, *args: str) -> object | None:
+        """`cli` for a lookup whose answer may not exist yet (`tidegate served`): None when the
+        command refuses with NOT_FOUND; any other failure fails the test."""
+        done = _run(self.env, *args, "--json")
+        if done.returncode == EXIT_REFUSED and json.loads(done.stdout)["code"] == "NOT_FOUND":
+            return None
+        found: object = json.loads(_checked(done, args))
+        return found
+
     def register(self, package: str, name: str, version: str) -> None:
         _cli(self.env, "models", "register", f"var/packages/{package}", "--name", name,
              "--version", version)  # fmt: skip
@@ -74,8 +84,8 @@ class Pipeline:
         return child
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> str:
-    done = subprocess.run(
+def _run(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "tidegate.cli", *args],
         cwd=REPO,
         env={**os.environ, **env},
@@ -84,8 +94,15 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> str:
         timeout=timeout,
         check=False,
     )
+
+
+def _checked(done: subprocess.CompletedProcess[str], args: tuple[str, ...]) -> str:
     assert done.returncode == 0, f"tidegate {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 900) -> str:
+    return _checked(_run(env, *args, timeout=timeout), args)
 
 
 @pytest.fixture(scope="session")

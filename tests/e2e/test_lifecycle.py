@@ -225,7 +225,7 @@ def test_served_and_state_at_answer_for_requests_before_and_after_a_promotion(
     for record, version in ((a, "1"), (b, "2")):
 
         def served(record: dict[str, Any] = record) -> Any:
-            return pipeline.cli("served", record["request_id"])
+            return pipeline.lookup("served", record["request_id"])
 
         found = wait_for(served, timeout=60, interval=1, what=f"{record['request_id']} indexed")
         request = found["request"]
@@ -260,8 +260,9 @@ def test_served_shows_the_request_schema_id_its_source_and_a_replay_that_produce
     request_id = record["request_id"]
 
     def indexed() -> Any:
-        found = pipeline.cli("served", request_id)
-        return found if isinstance(found, dict) else None
+        found = pipeline.lookup("served", request_id)
+        assert found is None or isinstance(found, dict), found
+        return found
 
     request = wait_for(indexed, timeout=60, interval=1, what="the result indexed")["request"]
     assert (request["version"], request["routing_rule"]) == ("1", record["routing_rule"])

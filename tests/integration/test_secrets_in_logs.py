@@ -33,7 +33,7 @@ from pydantic import SecretStr
 
 from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import topic_env
-from tests.support import free_port, unique, wait_for
+from tests.support import WaitTimeoutError, free_port, retry_later, unique, wait_for
 from tests.tls_support import self_signed, wait_https
 from tests.unit.core.test_secret_settings import settings_classes
 from tidegate.cli.procs import Child, spawn, wait_http
@@ -180,13 +180,16 @@ def test_no_secret_is_logged(
         def answered() -> bool:
             resp = client.post("/v2/models/fraud/infer", json=FRAUD)
             answers.append(f"{resp.status_code} {resp.text[:200]}")
-            return resp.status_code == 200
+            if retry_later(resp):  # fraud 1 not loaded and warm on the worker yet
+                return False
+            assert resp.status_code == 200, resp.text
+            return True
 
         # The worker loads and warms fraud 1 and reports it before it serves; on a loaded CI
         # machine that takes minutes, not seconds.
         try:
             wait_for(answered, timeout=300, what="fraud 1 to answer")
-        except AssertionError as exc:
+        except WaitTimeoutError as exc:
             tails = "\n".join(f"--- {c.name}\n{c.tail()}" for c in children)
             raise AssertionError(f"{exc}; last answers {answers[-3:]}\n{tails}") from None
         assert client.post("/v2/models/fraud/infer", content=b"{nope").status_code == 400

@@ -10,13 +10,12 @@ import os
 import signal
 import struct
 import subprocess
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +55,6 @@ from tidegate.schemas.codec import AvroDecoder, AvroEncoder
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.signature import Signature, TensorSpec
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 SIGNATURE = Signature(
     inputs=(TensorSpec(name="features", datatype="FP32", shape=(-1, 4)),),
@@ -351,16 +349,3 @@ async def running(
 
 async def in_thread(fn: Any, *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], what: str, limit_s: float = 30.0
-) -> T:
-    """`wait_for` for async probes: poll on the event loop until `probe` gives something."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        found = await probe()
-        if found:
-            return found
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {limit_s}s waiting for {what}")

@@ -11,7 +11,7 @@ import time
 from tests.integration import workers
 from tests.integration.crash_worker import CRASH, CRASH_EXIT
 from tests.integration.workers import ROOT, Reader, Stack, publish, request, stop_workers
-from tests.support import unique
+from tests.support import unique, wait_for
 from tidegate.models.model_settings import ModelSettings
 
 models = workers.models
@@ -35,8 +35,14 @@ def test_a_message_that_kills_the_worker_every_time_is_quarantined_and_the_parti
     crashes = 0
     deadline = time.monotonic() + 240
     proc: subprocess.Popen[bytes] | None = None
+
+    def crashed_or_quarantined() -> bool:
+        assert proc is not None
+        results.poll()
+        return proc.poll() is not None or bool(poison.poll())
+
     try:
-        while time.monotonic() < deadline:
+        while True:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.integration.crash_worker"],
                 env=env,
@@ -44,8 +50,12 @@ def test_a_message_that_kills_the_worker_every_time_is_quarantined_and_the_parti
                 stdout=subprocess.DEVNULL,
                 stderr=(models.store_dir.parent / f"{unique('crash')}.log").open("wb"),
             )
-            while proc.poll() is None and not poison.poll() and time.monotonic() < deadline:
-                results.poll()
+            wait_for(
+                crashed_or_quarantined,
+                timeout=deadline - time.monotonic(),
+                interval=0,
+                what=f"the worker to crash or quarantine the killer (after {crashes} crashes)",
+            )
             if proc.poll() is None:
                 break  # it quarantined the killer and keeps serving
             assert proc.returncode == CRASH_EXIT, f"the worker failed otherwise: {proc.returncode}"

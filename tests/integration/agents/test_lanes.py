@@ -17,11 +17,10 @@ from tests.integration.workers import (
     SIGNATURE,
     Reader,
     Stack,
-    eventually,
     in_thread,
     running,
 )
-from tests.support import unique, wait_for
+from tests.support import eventually, unique, wait_for
 from tidegate.agents.assembly import RunningWorker
 from tidegate.agents.loaded import LoadedModel
 from tidegate.clients.producer import Lane, TidegateProducer
@@ -72,7 +71,7 @@ async def both_assigned(worker: RunningWorker) -> None:
     async def probe() -> bool:
         return all(len(w._pipelines) == 4 for w in worker.lanes.values())
 
-    await eventually(probe, "both lanes assigned their 4 partitions")
+    await eventually(probe, what="both lanes assigned their 4 partitions")
 
 
 def ids_of(reader: Reader, prefix: str) -> set[str]:

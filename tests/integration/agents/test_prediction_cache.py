@@ -22,13 +22,12 @@ from tests.integration import workers
 from tests.integration.workers import (
     Reader,
     Stack,
-    eventually,
     in_thread,
     publish,
     request,
     tiny_softmax,
 )
-from tests.support import unique
+from tests.support import eventually, unique
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
 from tidegate.agents.loaded import LoadedModel, store_loader
 from tidegate.agents.worker_settings import WorkerSettings
@@ -161,7 +160,7 @@ async def test_a_promotion_never_serves_the_old_versions_cached_answer(
             routed = table.route(tenant="default", key="key-new", ready=lambda v: ready("tiny", v))
             return routed.version == "2"
 
-        await eventually(promoted, "tiny 2 promoted and warm on the worker", 60)
+        await eventually(promoted, what="tiny 2 promoted and warm on the worker", timeout=60)
         new = await answer(stack, results, "new")
         again = await answer(stack, results, "again")
     assert (new["model_version"], new["cached"]) == ("2", False)

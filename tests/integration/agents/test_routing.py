@@ -19,14 +19,13 @@ from tests.integration import workers
 from tests.integration.workers import (
     Reader,
     Stack,
-    eventually,
     in_thread,
     publish,
     request,
     running,
     tiny_softmax,
 )
-from tests.support import unique, wait_for
+from tests.support import eventually, unique, wait_for
 from tidegate.core.kafka import make_consumer
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.routing import RoutingTable
@@ -55,7 +54,7 @@ async def test_a_weighted_split_is_sticky_per_key_and_follows_the_weights(
         async def split() -> bool:
             return weights(worker.feed.table("tiny")) == {"1": 70, "2": 30}
 
-        await eventually(split, "the 70/30 split to take effect")
+        await eventually(split, what="the 70/30 split to take effect")
         table = worker.feed.table("tiny")
         assert table is not None
         keys = [f"user-{i}" for i in range(N)]

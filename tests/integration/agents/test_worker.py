@@ -16,10 +16,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import numpy as np
 from confluent_kafka import TopicPartition
 
@@ -30,14 +30,13 @@ from tests.integration.workers import (
     Reader,
     Stack,
     Waves,
-    eventually,
     in_thread,
     publish,
     request,
     running,
     stop_workers,
 )
-from tests.support import free_port, unique, wait_for
+from tests.support import eventually, free_port, unique, wait_for
 from tidegate.agents.assembly import WorkerConfig, running_worker
 from tidegate.agents.loaded import LoadedModel
 from tidegate.agents.worker_settings import WorkerSettings
@@ -133,15 +132,15 @@ async def test_the_worker_reports_what_it_loads_and_unloads(
             version = state.version("1") if state else None
             return version is not None and version.loaded_on == {"it"}
 
-        await eventually(warm_here, "the worker's own report to come back through its feed")
+        await eventually(warm_here, what="the worker's own report to come back through its feed")
         await stack.append(ev.Promoted("2"))  # wanted now: loaded in the background
 
         async def reported(count: int) -> bool:
             return len(reports(await stack.history())) == count
 
-        await eventually(lambda: reported(2), "the load of 2")
+        await eventually(lambda: reported(2), what="the load of 2")
         await stack.append(ev.Retired("1"))
-        await eventually(lambda: reported(3), "the unload of 1")
+        await eventually(lambda: reported(3), what="the unload of 1")
         assert worker.versions.ready("tiny", "2")
         assert not worker.versions.ready("tiny", "1")
     assert reports(await stack.history()) == [
@@ -248,6 +247,13 @@ def start_worker(stack: Stack, models: ModelSettings, **env: str) -> subprocess.
     )
 
 
+def scraped(port: int) -> str:
+    """The worker's /metrics page; it must answer 200 once it listens."""
+    resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert resp.status_code == 200, resp.text
+    return resp.text
+
+
 def test_a_restarted_worker_loses_nothing_and_sigterm_commits(
     stack: Stack, models: ModelSettings
 ) -> None:
@@ -257,10 +263,7 @@ def test_a_restarted_worker_loses_nothing_and_sigterm_commits(
     worker = start_worker(stack, models, TIDEGATE_WORKER_METRICS_PORT=str(port))
     try:
         results.until(100, timeout=90)
-        body = wait_for(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode(),
-            what="/metrics",
-        )
+        body = wait_for(lambda: scraped(port), what="/metrics", retry_on=(httpx.TransportError,))
         assert 'tidegate_worker_requests_total{model="tiny",status="OK",version="1"} 100.0' in body
         assert "tidegate_worker_batch_size_bucket" in body
         # A sample per held partition, not the metric's HELP line: the gauge is refreshed
@@ -269,12 +272,7 @@ def test_a_restarted_worker_loses_nothing_and_sigterm_commits(
             rf'tidegate_worker_consumer_lag{{partition="\d",topic="{stack.topics.requests}"}} 0.0'
         )
         wait_for(
-            lambda: len(
-                lag.findall(
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-                )
-            )
-            == 4,
+            lambda: len(lag.findall(scraped(port))) == 4,
             what="a lag sample of 0 for each of the 4 partitions",
         )
         worker.send_signal(signal.SIGTERM)
@@ -306,11 +304,16 @@ def test_a_killed_worker_loses_nothing(stack: Stack, models: ModelSettings) -> N
 
     def serving() -> set[str]:
         wave()
-        time.sleep(0.3)
         return {r["worker_id"] for r, _ in results.poll()}
 
     try:
-        wait_for(lambda: {"first", "second"} <= serving(), timeout=90, what="both workers serving")
+        # A wave per try, its results read on the next (0.3 s later).
+        wait_for(
+            lambda: {"first", "second"} <= serving(),
+            timeout=90,
+            interval=0.3,
+            what="both workers serving",
+        )
         before = {r["source"]["partition"] for r, _ in results.records if r["worker_id"] == "first"}
         killed_at = len(ids)
         os.kill(first.pid, signal.SIGKILL)

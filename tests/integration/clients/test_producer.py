@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.integration.fakes import FakeWorker, register_subjects
+from tests.support import wait_for
 from tidegate.clients.producer import TidegateProducer
 from tidegate.core.errors import ResultTimeoutError
 from tidegate.core.kafka import make_reader
@@ -117,22 +117,23 @@ def read_keys(kafka: KafkaSettings, topic: str, count: int) -> dict[bytes, int]:
     """The partition of each key among the topic's first `count` records."""
     consumer = make_reader(kafka, "it-sticky")
     found: dict[bytes, int] = {}
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 30
-        seen = 0
-        while seen < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            seen += 1
+    seen: list[int] = []
+
+    def read() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
             key, partition = msg.key(), msg.partition()
             assert key is not None
             assert partition is not None
             found[key] = partition
+            seen.append(partition)
+        return len(seen) >= count
+
+    try:
+        consumer.subscribe([topic])
+        wait_for(read, timeout=30, interval=0, what=f"{count} records on {topic}")
     finally:
         consumer.close()
-    assert seen == count, f"read {seen} of {count} records"
     return found
 
 

@@ -6,7 +6,6 @@ topic back whole."""
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +16,7 @@ from confluent_kafka import Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from tests.support import unique
+from tests.support import unique, wait_for
 from tidegate.core.errors import TidegateError
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
@@ -112,14 +111,16 @@ def read_all(stack: DlqStack, topic: str, count: int, timeout: float = 60.0) -> 
     consumer = make_consumer(stack.kafka, unique("dlq-it-reader"))
     consumer.assign([TopicPartition(topic, p, 0) for p in range(parts)])
     found: list[Message] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            found.extend(m for m in consumer.consume(1000, timeout=0.5) if m.error() is None)
+
+    def more() -> bool:
         found.extend(m for m in consumer.consume(1000, timeout=0.5) if m.error() is None)
+        return len(found) >= count
+
+    try:
+        wait_for(more, timeout=timeout, interval=0, what=f"{count} messages on {topic}")
+        more()
     finally:
         consumer.close()
-    assert len(found) >= count, f"only {len(found)} of {count} messages on {topic}"
     return found
 
 

@@ -173,6 +173,7 @@ class GatewayServer:
             lambda: self.http.get("/v2/health/ready").status_code == 200,
             timeout=ready_timeout_s,
             what=f"gateway on {self.url} to be ready",
+            retry_on=(httpx.TransportError,),  # until uvicorn listens
         )
         return self
 

@@ -189,8 +189,10 @@ def test_open_breakers_send_calls_to_the_fallback_or_refuse_them_at_once(
         publisher.close()
 
         def primary() -> bool:
+            # The fallback answers until the gateway sees the state: never a failure.
             resp = gateway.http.post("/v2/models/fraud/infer", json=fraud_body())
-            return resp.status_code == 200 and resp.json()["model_name"] == "fraud"
+            assert resp.status_code == 200, resp.text
+            return bool(resp.json()["model_name"] == "fraud")
 
         wait_for(primary, timeout=20, what="calls served by fraud again")
     finally:

@@ -40,7 +40,7 @@ from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
 from tests.integration.own_broker import Broker
 from tests.integration.workers import Stack, running
-from tests.support import unique, wait_for
+from tests.support import retry_later, unique, wait_for
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.gateway.auth_settings import AuthSettings
@@ -308,7 +308,12 @@ def test_kafka_down_is_503_at_once_and_recovery_needs_no_restart(
         up = time.monotonic()
 
         def answered() -> bool:
-            return server.http.post(INFER, json=fraud_body()).status_code == 200
+            # Refused as retriable (PUBLISH_FAILED) until the producer reaches the broker again.
+            resp = server.http.post(INFER, json=fraud_body())
+            if retry_later(resp):
+                return False
+            assert resp.status_code == 200, resp.text
+            return True
 
         wait_for(answered, timeout=60, interval=0.2, what="calls to succeed again")
         recovered_s = time.monotonic() - up

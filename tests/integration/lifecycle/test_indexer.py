@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +17,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from tests.support import unique
+from tests.support import eventually, unique
 from tidegate.core.db import make_pool, migrate
 from tidegate.core.kafka import make_producer
 from tidegate.core.settings import (
@@ -36,7 +35,7 @@ from tidegate.schemas.catalog import INFERENCE_RESULT, SHADOW_COMPARISON, load_s
 from tidegate.schemas.codec import AvroEncoder
 from tidegate.schemas.registration import RegistryHttp, register_all
 
-__all__ = ["ResultPublisher", "make_result", "poll", "register_lineage_subjects"]
+__all__ = ["ResultPublisher", "make_result", "register_lineage_subjects"]
 
 Pool = AsyncConnectionPool[Any]
 
@@ -117,17 +116,6 @@ class ResultPublisher:
         assert self._producer.flush(30) == 0
 
 
-async def poll(probe: Callable[[], Any], *, within_s: float = 60.0, what: str = "condition") -> Any:
-    """Await an async probe until it returns something truthy, or fail after `within_s`."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        value = await probe()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {within_s}s waiting for {what}")
-
-
 @pytest.fixture
 def topics(
     new_topic: Callable[..., str], registry_settings: SchemaRegistrySettings
@@ -183,10 +171,12 @@ async def test_each_request_is_indexed_once_despite_redelivery(
     first = indexer(pg_pool, kafka_settings, registry_settings, topics, windows)
     await first.start()
     try:
-        await poll(lambda: _equals(count(pg_pool, "served_requests"), 21), what="21 rows")
+        await eventually(
+            lambda: _equals(count(pg_pool, "served_requests"), 21), timeout=60, what="21 rows"
+        )
         # A duplicate arriving well after its original changes neither the row nor the windows.
         publisher.results([make_result("r0", version="v9", worker_id="late")])
-        await poll(lambda: _consumed(first, 23), what="the late duplicate")
+        await eventually(lambda: _consumed(first, 23), timeout=60, what="the late duplicate")
     finally:
         await first.stop()
 
@@ -220,7 +210,7 @@ async def test_each_request_is_indexed_once_despite_redelivery(
     second = indexer(pg_pool, kafka_settings, registry_settings, topics, again)
     await second.start()
     try:
-        await poll(lambda: _consumed(second, 23), what="the redelivery")
+        await eventually(lambda: _consumed(second, 23), timeout=60, what="the redelivery")
     finally:
         await second.stop()
     assert await count(pg_pool, "served_requests") == 21
@@ -281,7 +271,9 @@ async def test_shadow_stats_equal_a_direct_computation(
     idx = indexer(pg_pool, kafka_settings, registry_settings, topics, LiveWindows())
     await idx.start()
     try:
-        await poll(lambda: _equals(count(pg_pool, "shadow_comparisons"), 121), what="121 rows")
+        await eventually(
+            lambda: _equals(count(pg_pool, "shadow_comparisons"), 121), timeout=60, what="121 rows"
+        )
     finally:
         await idx.stop()
 
@@ -344,7 +336,7 @@ async def test_offsets_are_committed_only_after_the_rows(
         )
         await failing.start()
         try:
-            await poll(lambda: _retried(failing), what="a failed batch")
+            await eventually(lambda: _retried(failing), timeout=60, what="a failed batch")
         finally:
             await failing.stop()
         assert failing.indexed == 0
@@ -357,7 +349,9 @@ async def test_offsets_are_committed_only_after_the_rows(
         await recovered.start()
         try:
             # The same group starts where nothing was committed: at the beginning.
-            await poll(lambda: _equals(count(pool, "served_requests"), 30), what="30 rows")
+            await eventually(
+                lambda: _equals(count(pool, "served_requests"), 30), timeout=60, what="30 rows"
+            )
         finally:
             await recovered.stop()
         since = datetime(2000, 1, 1, tzinfo=UTC)

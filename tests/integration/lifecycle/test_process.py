@@ -25,11 +25,10 @@ from psycopg_pool import AsyncConnectionPool
 from tests.integration.lifecycle.test_indexer import (
     ResultPublisher,
     make_result,
-    poll,
     register_lineage_subjects,
 )
 from tests.integration.lifecycle.test_retention import compared, request_ids, served
-from tests.support import unique
+from tests.support import eventually, unique
 from tidegate.core.db import make_pool
 from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import (
@@ -175,7 +174,7 @@ async def events_until(
         events = await store.read(MODEL)
         return events if any(done(e.payload) for e in events) else None
 
-    found: list[ev.RecordedEvent] = await poll(probe, within_s=90, what=what)
+    found: list[ev.RecordedEvent] = await eventually(probe, timeout=90, what=what)
     return found
 
 
@@ -185,7 +184,9 @@ async def test_a_faulty_candidate_is_rolled_back_with_its_metrics(
     store = await start_canary(pg_pool, [10, 50, 100])
     with Traffic(publisher, error_every=5):
         async with running(config) as service:
-            await poll(_is_set(service.active), what="the controller to become active")
+            await eventually(
+                _is_set(service.active), timeout=60, what="the controller to become active"
+            )
             await store.append(
                 MODEL, [ev.NewEvent(ev.VersionLoaded("v2", "w1"))], expected_version=None
             )
@@ -245,15 +246,17 @@ async def test_a_second_instance_waits_and_takes_over(config: ControllerConfig) 
     first_stop, second_stop = asyncio.Event(), asyncio.Event()
     first, second = ControllerService(config), ControllerService(config)
     first_task = asyncio.create_task(first.run(first_stop))
-    await poll(_is_set(first.active), what="the first instance to become active")
+    await eventually(_is_set(first.active), timeout=60, what="the first instance to become active")
     second_task = asyncio.create_task(second.run(second_stop))
     try:
-        await poll(_is_set(second.waiting), what="the second instance to wait")
+        await eventually(_is_set(second.waiting), timeout=60, what="the second instance to wait")
         assert not second.active.is_set()
 
         first_stop.set()  # the first goes away: the second takes over
         await asyncio.wait_for(first_task, 30)
-        await poll(_is_set(second.active), what="the second instance to take over")
+        await eventually(
+            _is_set(second.active), timeout=60, what="the second instance to take over"
+        )
 
         # The active instance's lock connection dies: it stands down, then takes the lock again.
         async with await psycopg.AsyncConnection.connect(
@@ -264,7 +267,7 @@ async def test_a_second_instance_waits_and_takes_over(config: ControllerConfig) 
         async def retaken() -> bool:
             return second.acquisitions == 2 and second.active.is_set()
 
-        await poll(retaken, what="the instance to take the lock again")
+        await eventually(retaken, timeout=60, what="the instance to take the lock again")
     finally:
         first_stop.set()
         second_stop.set()
@@ -314,9 +317,9 @@ async def test_the_controller_process_stops_cleanly_on_sigterm(config: Controlle
         async def held() -> bool:
             return await lock_holders(config) == 1
 
-        await poll(held, what="the process to take the lock")
+        await eventually(held, timeout=60, what="the process to take the lock")
         task = asyncio.create_task(standby.run(stop))
-        await poll(_is_set(standby.waiting), what="a second instance to wait")
+        await eventually(_is_set(standby.waiting), timeout=60, what="a second instance to wait")
         proc.send_signal(signal.SIGTERM)
         exited = asyncio.ensure_future(proc.communicate())
         done, _ = await asyncio.wait({exited}, timeout=30)
@@ -327,7 +330,9 @@ async def test_the_controller_process_stops_cleanly_on_sigterm(config: Controlle
         _, err = exited.result()
         assert proc.returncode == 0, err.decode()
         assert "controller lock acquired" in err.decode()
-        await poll(_is_set(standby.active), what="the released lock to be taken over")
+        await eventually(
+            _is_set(standby.active), timeout=60, what="the released lock to be taken over"
+        )
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -372,6 +377,6 @@ async def test_the_controller_deletes_lineage_rows_past_the_retention(
             return kept == {"fresh"} and not await request_ids(pool, "shadow_comparisons")
 
         async with running(config):
-            await poll(pruned, what="the expired lineage rows to be deleted")
+            await eventually(pruned, timeout=60, what="the expired lineage rows to be deleted")
     finally:
         await pool.close()

@@ -24,10 +24,9 @@ from yoyo import get_backend, read_migrations
 from tests.integration.lifecycle.test_indexer import (
     ResultPublisher,
     make_result,
-    poll,
     register_lineage_subjects,
 )
-from tests.support import unique
+from tests.support import eventually, unique
 from tidegate.cli import served as served_command
 from tidegate.core.db import MIGRATIONS_DIR, migrate
 from tidegate.core.settings import (
@@ -121,7 +120,7 @@ async def consumed(idx: Indexer, n: int, what: str) -> None:
     async def probe() -> bool:
         return idx.indexed >= n
 
-    await poll(probe, what=what)
+    await eventually(probe, timeout=60, what=what)
 
 
 def records(outcome: str) -> float:

@@ -85,7 +85,12 @@ class RegistryProcess:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", code], cwd=REPO, env=env, stdout=out, stderr=out
             )
-        wait_for(self._healthy, timeout=90, what=f"registry on {self.url}")
+        wait_for(
+            self._healthy,
+            timeout=90,
+            what=f"registry on {self.url}",
+            retry_on=(httpx.TransportError,),  # until it listens
+        )
 
     def _healthy(self) -> bool:
         assert self._proc is not None

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from tests.unit.agents.test_delivery import until
+from tests.unit.agents.test_dataplane import until
 from tidegate.agents.batching import (
     BatchQueue,
     BatchResultCountError,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from tests.unit.agents.test_dataplane import until
 from tidegate.agents.batching import KeyedBatcher
 from tidegate.agents.decoding import RequestDecoder
 from tidegate.agents.delivery import Ack
@@ -26,13 +27,6 @@ from tidegate.core.sticky import StickyPartitions
 from tidegate.dlq.envelopes import dead_letter, error_info
 
 TOPICS = TopicSettings()
-
-
-async def until(probe: Callable[[], bool], within_s: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not probe():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 class Message:

@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from tests.support import unique
+from tests.support import eventually, unique
 from tests.unit.agents import test_delivery as delivery
 from tests.unit.agents.test_dataplane import until
 from tidegate.agents import worker as worker_module
@@ -465,15 +465,14 @@ async def test_on_a_mock_cluster_kafka_gets_the_delivered_prefix_and_stop_commit
 
     async def committed(probe: Callable[[dict[int, int]], bool]) -> dict[int, int]:
         """What the group committed in Kafka, once `probe` accepts it."""
-        deadline = time.monotonic() + 10.0
         wanted = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
-        while True:
+
+        async def read() -> dict[int, int] | None:
             tps = await asyncio.to_thread(reader.committed, wanted, timeout=5)
             got = {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
-            if probe(got):
-                return got
-            assert time.monotonic() < deadline, f"Kafka has {got}"
-            await asyncio.sleep(0.05)
+            return got if probe(got) else None
+
+        return await eventually(read, timeout=10, interval=0.05, what="the commit in Kafka")
 
     try:
         # librdkafka's mock cluster holds the first join ~3 s and expires a member silent that
