@@ -26,6 +26,14 @@ from tidegate.core.settings import PostgresSettings
 SERVED = (("fraud", "1"), ("fraud-lite", "1"), ("minilm", "1"))
 
 REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every item of the session passes through this hook: mark only this folder's.
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.e2e.conftest import Pipeline
+from tests.kafka_support import read_topic
 from tests.support import unique, wait_for
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
@@ -302,9 +303,10 @@ def test_invalid_input_is_a_problem_body_and_nothing_is_published(
         tensor["data"] = [0] * 64
     else:
         tensor["name"] = "feature"
+    refused_id, marker_id = unique("invalid"), unique("marker")
     resp = httpx.post(
         f"{pipeline.base_url}/v2/models/fraud/infer",
-        json={"inputs": [tensor]},
+        json={"id": refused_id, "inputs": [tensor]},
         headers=pipeline.headers,
         timeout=30,
     )
@@ -312,3 +314,18 @@ def test_invalid_input_is_a_problem_body_and_nothing_is_published(
     problem = resp.json()
     assert problem["status"] == 400
     assert "feature" in problem["field"]
+    # A valid call after it, answered: had the refused call been published, its record would be
+    # on the requests topic by now, before the end that the read below stops at.
+    valid = {"name": "features", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}
+    marker = httpx.post(
+        f"{pipeline.base_url}/v2/models/fraud/infer",
+        json={"id": marker_id, "inputs": [valid]},
+        headers=pipeline.headers,
+        timeout=30,
+    )
+    assert marker.status_code == 200, marker.text
+    decode = AvroDecoder(_registry(), load_schema(INFERENCE_REQUEST))
+    on_topic = read_topic(KafkaSettings(), pipeline.topics["requests"], timeout=120)
+    published = {decode(m.value())["request_id"] for m in on_topic}
+    assert marker_id in published, "the read did not reach the valid call's record"
+    assert refused_id not in published

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 from confluent_kafka import TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tests.integration import workers
 from tests.integration.workers import (
@@ -45,6 +46,8 @@ from tidegate.core.kafka import make_consumer
 from tidegate.lifecycle.domain import events as ev
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
+from tidegate.schemas.codec import AvroDecoder
 
 # The shared fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
 models = workers.models
@@ -190,7 +193,11 @@ async def test_a_failing_input_does_not_fail_its_batch_mates(
     assert envelope["error"]["code"] == "MODEL_ERROR"
     assert envelope["attempt"] == 1  # deliveries, not the model runs the bisection took
     assert envelope["source"]["topic"] == stack.topics.requests
-    assert stack.letters  # decoded with the envelope schema
+    # The letter keeps the request as it was published, for a redrive to send again.
+    registry = SchemaRegistryClient(stack.registry.client_config())
+    original = AvroDecoder(registry, load_schema(INFERENCE_REQUEST))(envelope["original_value"])
+    assert original["request_id"] == "r3"
+    assert original["inputs"][0]["data"] == batch[3]["inputs"][0]["data"]  # the NaN row
     results.close()
     failed.close()
 

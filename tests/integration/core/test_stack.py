@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 import redis
@@ -162,19 +163,15 @@ def test_check_fails_clearly_when_a_server_is_down() -> None:
 # ---- a second, separate stack --------------------------------------------------------------------
 
 
-def registry_command_exists() -> bool:
-    tidegate = Path(os.environ.get("TIDEGATE_STACK_VENV", REPO / ".venv")) / "bin" / "tidegate"
-    result = subprocess.run([str(tidegate), "registry", "--help"], capture_output=True, check=False)
-    return result.returncode == 0
-
-
 @pytest.fixture
 def second_stack() -> Iterator[tuple[dict[str, str], Path, dict[str, int]]]:
     # Not pytest's tmp_path: its parents are private to root, and postgres runs as its own user.
     var = Path(tempfile.mkdtemp(prefix="tidegate-stack-"))
     var.chmod(0o755)
     kafka, controller, pg, rds, registry = free_ports(5)
-    servers = ["kafka", "postgres", "redis"] + (["registry"] if registry_command_exists() else [])
+    # Every server of the main stack, the registry included: a stack without it is not the one
+    # `make up` runs, and a registry that cannot start must fail this test, not leave it out.
+    servers = ["kafka", "postgres", "redis", "registry"]
     env = {
         **os.environ,
         "TIDEGATE_STACK_VAR": str(var),
@@ -187,9 +184,13 @@ def second_stack() -> Iterator[tuple[dict[str, str], Path, dict[str, int]]]:
         "TIDEGATE_STACK_KAFKA_HEAP": "512m",
         "TIDEGATE_TOPICS_PARTITIONS": "4",
     }
-    ports = {"kafka": kafka, "controller": controller, "postgres": pg, "redis": rds}
-    if "registry" in servers:
-        ports["registry"] = registry
+    ports = {
+        "kafka": kafka,
+        "controller": controller,
+        "postgres": pg,
+        "redis": rds,
+        "registry": registry,
+    }
     try:
         yield env, var, ports
     finally:
@@ -222,6 +223,9 @@ def test_a_second_stack_runs_beside_the_main_one(
     row = next(line for line in status.stdout.splitlines() if " inference-requests " in line)
     assert re.search(r"\b4\b", row), row  # TIDEGATE_TOPICS_PARTITIONS reached the topics step
     assert f"127.0.0.1:{ports['kafka']}" in status.stdout
+    # This stack's own registry answers on its own port.
+    subjects = httpx.get(f"http://127.0.0.1:{ports['registry']}/subjects", timeout=10)
+    assert subjects.status_code == 200, subjects.text
 
     down = stack("down", env)
     assert down.returncode == 0, down.stdout + down.stderr

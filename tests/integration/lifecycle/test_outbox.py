@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg_pool import AsyncConnectionPool
 
 from tests.integration.outbox_crash import CRASH_EXIT, decode_json, encode_json
+from tests.kafka_support import read_topic
 from tests.support import free_port, unique, wait_for
 from tidegate.core.errors import LifecycleUnavailableError
-from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -44,36 +43,6 @@ Pool = AsyncConnectionPool[Any]
 
 def registered(version: str) -> ev.ModelRegistered:
     return ev.ModelRegistered(version, "onnx", f"file:///m/{version}", {"model.onnx": version})
-
-
-def read_topic(kafka: KafkaSettings, topic: str) -> list[Message]:
-    """Every message the topic holds now, partition by partition in offset order."""
-    consumer = make_consumer(kafka, unique("h1-outbox-reader"))
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in partitions
-        }
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        read: dict[int, list[Message]] = defaultdict(list)
-        pending = {p for p, end in ends.items() if end > 0}
-
-        def drain() -> bool:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                partition, offset = msg.partition(), msg.offset()
-                assert partition is not None
-                assert offset is not None
-                read[partition].append(msg)
-                if offset + 1 >= ends[partition]:
-                    pending.discard(partition)
-            return not pending
-
-        wait_for(drain, timeout=30, interval=0, what=f"the messages of {topic}")
-        return [m for p in sorted(read) for m in read[p]]
-    finally:
-        consumer.close()
 
 
 async def topic_events(kafka: KafkaSettings, topic: str) -> list[ev.RecordedEvent]:
