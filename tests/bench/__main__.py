@@ -3,7 +3,8 @@
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
 (or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
-`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `chaos`) runs one part.
+`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `kafka_down`, `redrive`, `chaos`) runs
+one part.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from tests.bench import (
     codec,
     failure_cost,
     faust_vs_confluent,
+    kafka_down,
     lanes,
     lifecycle,
     overload,
     pipeline,
     profile,
     rate_limit_cost,
+    redrive,
     refusal_cost,
     takeover,
     tracing_cost,
@@ -43,6 +46,8 @@ PARTS = {
     "refusal": refusal_cost.run,
     "lanes": lanes.run,
     "ratelimits": rate_limit_cost.run,
+    "kafka_down": kafka_down.run,
+    "redrive": redrive.run,
     "chaos": chaos.run,
 }
 

@@ -6,6 +6,10 @@ a CPU bar in a functional test fails when the machine is slow, not when the code
 Bars (issue 11): a refusal that asks Redis under 0.6 ms of CPU, a remembered one under 0.05 ms,
 an accepted call under a high limit under 0.05 ms (5% of the ~1 ms the gateway spends on a call).
 The best of `ROUNDS` rounds counts.
+
+Also two replicas sharing a limit of 1,000 calls/s (slots taken in lots of 20), offered 6,000/s:
+the calls they accept within 10% of the limit (moved from tests/integration/gateway/
+test_rate_limits.py, which keeps the shared limit at rates any machine can offer).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from tests.integration.gateway.rate_load import MEASURE_S, accepted_rate, shared_limit
 from tests.support import unique
 from tidegate.core.errors import RateLimitedError
 from tidegate.core.settings import RedisSettings
@@ -25,6 +30,7 @@ __all__ = ["run"]
 ROUNDS = 3
 CLIENTS = 300
 ACCEPTED = 2000
+SHARED_RATE = 1000.0
 
 
 def _key(subject: str) -> Identity:
@@ -91,3 +97,12 @@ def run() -> None:
         strict=True,
     ):
         print(f"  {label:<27} {value:.4f} ms  bar < {bar}  {'met' if value < bar else 'missed'}")
+    shared = RateLimitSettings(key_prefix=unique("bench-rate"), model_rates={"fraud": SHARED_RATE})
+    measured = asyncio.run(shared_limit(shared, ["key:a", "key:b"], loops=6))
+    got = accepted_rate(measured)
+    met = abs(got - SHARED_RATE) <= 0.1 * SHARED_RATE and len(measured) > 1.5 * got * MEASURE_S
+    print(
+        f"  two replicas, limit {SHARED_RATE:.0f}/s: {got:.0f}/s accepted of "
+        f"{len(measured) / MEASURE_S:.0f}/s offered  bar within 10% (offered > 1.5x)  "
+        f"{'met' if met else 'missed'}"
+    )

@@ -21,7 +21,7 @@ from tests.integration.infra.test_kafka_cluster import alive
 from tests.support import wait_for
 from tidegate.core.settings import KafkaSettings
 
-__all__ = ["Broker", "broker", "fixed_ports"]
+__all__ = ["Broker", "broker", "fixed_ports", "own_broker"]
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = ["bash", str(REPO / "infra" / "stack.sh")]
@@ -73,6 +73,13 @@ def fixed_ports(count: int) -> list[int]:
 
 @pytest.fixture
 def broker() -> Iterator[Broker]:
+    with own_broker() as built:
+        yield built
+
+
+@contextlib.contextmanager
+def own_broker() -> Iterator[Broker]:
+    """The broker, up, for a test or a benchmark; stopped and its folder removed afterwards."""
     var = Path(tempfile.mkdtemp(prefix="tidegate-edge-"))
     port, controller = fixed_ports(2)
     env = {

@@ -1,10 +1,12 @@
-"""A dead worker's partitions move to the survivor within seconds, with the real Kafka: two
-`tidegate worker` processes share steady load, one is SIGKILLed, and the time until the survivor
-answers requests of every partition the dead one held is measured from the results' own
-timestamps. Nothing is lost: every request gets a result (at-least-once: a request the dead worker
-had consumed but not committed is redone, and counted).
+"""A dead worker's partitions move to the survivor, with the real Kafka: two `tidegate worker`
+processes share steady load, one is SIGKILLed, and the time until the survivor answers requests
+of every partition the dead one held is measured from the results' own timestamps. It comes
+before the old 10 s session could have expired, so the short session is in effect. Nothing is
+lost: every request gets a result (at-least-once: a request the dead worker had consumed but not
+committed is redone, and counted).
 
-`tests/bench/takeover.py` runs the same kill, several times, for the old and the new settings.
+`tests/bench/takeover.py` runs the same kill, several times, for the old and the new settings,
+and holds the new ones to the 3 s bar: a bar of speed, which a loaded machine may miss.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ CLASSIC_OLD = {
 }
 FAST = {"TIDEGATE_WORKER_GROUP_PROTOCOL": "classic"}
 KIP848 = {"TIDEGATE_WORKER_GROUP_PROTOCOL": "consumer"}
-# The bar is 3 s; a loaded 2-core machine gets some margin, the real figure is printed.
-BAR_S, MARGIN_S = 3.0, 1.0
+# The bar `make bench` holds the new settings to.
+BAR_S = 3.0
+# The session before issue 12: a takeover sooner than this is the new settings' doing.
+OLD_SESSION_S = int(CLASSIC_OLD["TIDEGATE_WORKER_SESSION_TIMEOUT_MS"]) / 1000
 _RATE_PER_S = 100
 
 
@@ -208,7 +212,7 @@ def _served_again(results: Results, held: set[int], since: float) -> dict[int, f
 
 
 @pytest.mark.parametrize("env", [FAST, KIP848], ids=["classic", "consumer"])
-def test_a_killed_workers_partitions_move_within_3_s_and_nothing_is_lost(
+def test_a_killed_workers_partitions_move_before_the_old_session_ends_and_nothing_is_lost(
     stack: Stack, models: ModelSettings, env: dict[str, str]
 ) -> None:
     found = kill_and_measure(stack, models, env)
@@ -218,4 +222,4 @@ def test_a_killed_workers_partitions_move_within_3_s_and_nothing_is_lost(
         f"answered, {found.duplicates} redone"
     )
     assert found.protocols == {env["TIDEGATE_WORKER_GROUP_PROTOCOL"]}
-    assert took <= BAR_S + MARGIN_S, f"the survivor took over after {took:.2f} s"
+    assert took < OLD_SESSION_S, f"the survivor took over after {took:.2f} s"

@@ -5,7 +5,9 @@ topic back whole."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tests.support import unique, wait_for
-from tidegate.core.errors import TidegateError
+from tidegate.core.errors import ModelExecutionError, TidegateError
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.dlq.envelopes import dead_letter, error_info, source_position
@@ -124,10 +126,41 @@ def read_all(stack: DlqStack, topic: str, count: int, timeout: float = 60.0) -> 
     return found
 
 
+def backlog(stack: DlqStack, count: int, models: tuple[str, ...] = ("fraud",)) -> dict[str, bytes]:
+    """`count` dead letters of distinct requests on the failed topic: request id -> value."""
+    now = int(time.time() * 1000)
+    values: dict[str, bytes] = {}
+    letters: list[tuple[dict[str, Any] | bytes, int]] = []
+    for i in range(count):
+        rid, model = f"b{i:05d}", models[i % len(models)]
+        values[rid] = stack.request_bytes(rid, model)
+        envelope = stack.envelope(
+            exc=ModelExecutionError("the model failed"),
+            failed_at_ms=now - count + i,
+            key=f"card-{i % 50}".encode(),
+            value=values[rid],
+            rid=rid,
+            model=model,
+            offset=i,
+        )
+        letters.append((envelope, now - count + i))
+    stack.produce_letters(stack.topics.failed, letters)
+    return values
+
+
 @pytest.fixture
 def dlq_stack(
     admin: AdminClient, kafka_settings: KafkaSettings, registry_settings: SchemaRegistrySettings
 ) -> Iterator[DlqStack]:
+    with dlq_stack_of(admin, kafka_settings, registry_settings) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def dlq_stack_of(
+    admin: AdminClient, kafka_settings: KafkaSettings, registry_settings: SchemaRegistrySettings
+) -> Iterator[DlqStack]:
+    """The `dlq_stack` fixture's set-up, for a benchmark too; its topics deleted afterwards."""
     topics = TopicSettings(
         requests=unique("d-requests"),
         failed=unique("d-failed"),
@@ -148,14 +181,16 @@ def dlq_stack(
     with RegistryHttp(registry_settings) as http:
         list(register_all(http, subjects, events=False))
     client = SchemaRegistryClient(registry_settings.client_config())
-    yield DlqStack(
-        kafka_settings,
-        topics,
-        registry_settings,
-        client,
-        AvroEncoder(client, load_schema(INFERENCE_REQUEST)),
-        AvroEncoder(client, load_schema(DEAD_LETTER_ENVELOPE)),
-        AvroDecoder(client, load_schema(INFERENCE_REQUEST)),
-    )
-    for future in admin.delete_topics(list(names.values())).values():
-        future.result(timeout=30)
+    try:
+        yield DlqStack(
+            kafka_settings,
+            topics,
+            registry_settings,
+            client,
+            AvroEncoder(client, load_schema(INFERENCE_REQUEST)),
+            AvroEncoder(client, load_schema(DEAD_LETTER_ENVELOPE)),
+            AvroDecoder(client, load_schema(INFERENCE_REQUEST)),
+        )
+    finally:
+        for future in admin.delete_topics(list(names.values())).values():
+            future.result(timeout=30)

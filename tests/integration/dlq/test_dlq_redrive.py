@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Message
 
 from tests.integration.dlq import dlq_fixtures
-from tests.integration.dlq.dlq_fixtures import DlqStack, read_all
-from tidegate.core.errors import InvalidInputError, ModelExecutionError, WireFormatError
+from tests.integration.dlq.dlq_fixtures import DlqStack, backlog, read_all
+from tidegate.core.errors import InvalidInputError, WireFormatError
 from tidegate.dlq.inspect import list_letters
 from tidegate.dlq.letters import LetterFilter
 from tidegate.dlq.redelivery import ATTEMPT, HISTORY, ORIGIN
@@ -22,28 +22,6 @@ from tidegate.dlq.redrive import Redrive
 from tidegate.dlq.redrive_report import RedriveOptions, RedriveProgress
 
 dlq_stack = dlq_fixtures.dlq_stack
-
-
-def backlog(stack: DlqStack, count: int, models: tuple[str, ...] = ("fraud",)) -> dict[str, bytes]:
-    """`count` dead letters of distinct requests on the failed topic: request id -> value."""
-    now = int(time.time() * 1000)
-    values: dict[str, bytes] = {}
-    letters: list[tuple[dict[str, Any] | bytes, int]] = []
-    for i in range(count):
-        rid, model = f"b{i:05d}", models[i % len(models)]
-        values[rid] = stack.request_bytes(rid, model)
-        envelope = stack.envelope(
-            exc=ModelExecutionError("the model failed"),
-            failed_at_ms=now - count + i,
-            key=f"card-{i % 50}".encode(),
-            value=values[rid],
-            rid=rid,
-            model=model,
-            offset=i,
-        )
-        letters.append((envelope, now - count + i))
-    stack.produce_letters(stack.topics.failed, letters)
-    return values
 
 
 def headers_of(msg: Message) -> dict[str, bytes]:
@@ -81,13 +59,13 @@ async def test_a_10k_backlog_is_listed_and_redriven_at_the_rate_with_progress(
         0,
         0,
     )
-    # Paced: never faster than the rate (beyond the first burst of 1/20 s), and not crawling.
+    # Paced: never faster than the rate (beyond the first burst of 1/20 s). How close it comes to
+    # the rate is a matter of the machine's speed: `python -m tests.bench redrive` measures it.
     burst = rate / 20
     assert report.send_s >= (count - burst) / rate * 0.98, report.send_s
     achieved = report.achieved_rate
     assert achieved is not None
     assert achieved <= rate * 1.08, achieved
-    assert achieved >= rate * 0.4, achieved
     # Progress moved forward in many steps, to the total.
     assert len(seen) >= 20
     assert [s[0] for s in seen] == sorted(s[0] for s in seen)

@@ -43,6 +43,7 @@ from tidegate.schemas.signature import Signature
 __all__ = [
     "GatewayServer",
     "ProtocolGateway",
+    "append_lifecycle",
     "fraud_body",
     "gateway_topics",
     "lifecycle",
@@ -123,11 +124,19 @@ def lifecycle(
     pg_settings: PostgresSettings,
 ) -> None:
     """fraud 1 (primary) and 2, echo 1 (primary): what the fake worker serves."""
+    append_lifecycle(kafka_settings, topics, registry_settings, pg_settings)
+
+
+def append_lifecycle(
+    kafka: KafkaSettings,
+    topics: TopicSettings,
+    registry: SchemaRegistrySettings,
+    pg: PostgresSettings,
+) -> None:
+    """The `lifecycle` fixture's events, for a benchmark that sets up its own."""
 
     async def append() -> None:
-        log = LifecycleLog.from_settings(
-            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
-        )
+        log = LifecycleLog.from_settings(pg, LifecycleSettings(), kafka, topics, registry)
         async with log:
             for model, payloads in (
                 ("fraud", served("1", "2", primary="1", signature=FRAUD)),

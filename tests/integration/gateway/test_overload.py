@@ -165,13 +165,17 @@ def test_a_backlog_past_the_budget_is_shed_at_once_and_admitted_again_once_drain
 
     def shed() -> tuple[Any, float] | None:
         response, elapsed = timed_call(gateway, 1)
+        # Until the probe sees the backlog a call is admitted, and served or timed out behind it.
+        assert response.status_code in (200, 503, 504), response.text
         return (response, elapsed) if response.status_code == 503 else None
 
     wait_for(shed, timeout=10, interval=0.05, what="a 503 for the backlog")
     # The backlog is seconds deep now: every such call is refused, at once, by the protocol.
     refused, elapsed = timed_call(gateway, 1)
     assert refused.status_code == 503, refused.text
-    assert elapsed < 0.5, f"refused after {elapsed * 1000:.0f} ms, not at once"
+    # Before its 1 s budget ran out: it never waited in the backlog. (How fast a refusal is, the
+    # p99 under 5 ms, is `python -m tests.bench overload`'s bar.)
+    assert elapsed < 1.0, f"refused after {elapsed * 1000:.0f} ms, not at once"
     assert refused.headers["content-type"] == "application/problem+json"
     problem = refused.json()
     assert problem["code"] == "OVERLOADED"
@@ -187,6 +191,7 @@ def test_a_backlog_past_the_budget_is_shed_at_once_and_admitted_again_once_drain
 
     def admitted() -> Any:
         response, _ = timed_call(gateway, 1)
+        assert response.status_code in (200, 503, 504), response.text  # 503, 504: not drained yet
         return response if response.status_code == 200 else None
 
     wait_for(admitted, timeout=60, interval=0.2, what="a call admitted once the backlog drained")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 
 import pytest
 
+from tests.unit.virtual_time import in_virtual_time
 from tidegate.agents.lanes import BusyShare, LaneGate
 
 
@@ -81,45 +81,54 @@ async def test_a_batch_starts_once_realtime_has_been_idle_a_while() -> None:
     await waiter
 
 
-async def test_under_continuous_realtime_load_batch_still_gets_its_share() -> None:
-    gate = LaneGate(0.2, window_s=0.2, idle_after_s=0.05)
-    stop = asyncio.Event()
-    batch_busy = 0.0
+def test_under_continuous_realtime_load_batch_still_gets_its_share() -> None:
+    async def share_of_batch() -> float:
+        loop = asyncio.get_running_loop()
+        gate = LaneGate(0.2, window_s=0.2, idle_after_s=0.05, clock=loop.time)
+        stop = asyncio.Event()
+        batch_busy = 0.0
 
-    async def realtime() -> None:
-        # Two overlapping streams of 5 ms batches: the real-time lane is never idle.
-        while not stop.is_set():
-            async with gate.realtime():
-                await asyncio.sleep(0.005)
+        async def realtime() -> None:
+            # Two overlapping streams of 5 ms batches: the real-time lane is never idle.
+            while not stop.is_set():
+                async with gate.realtime():
+                    await asyncio.sleep(0.005)
 
-    async def batch() -> None:
-        nonlocal batch_busy
-        while not stop.is_set():
+        async def batch() -> None:
+            nonlocal batch_busy
+            while not stop.is_set():
+                async with gate.batch():
+                    started = loop.time()
+                    await asyncio.sleep(0.01)
+                    batch_busy += loop.time() - started
+
+        tasks = [asyncio.create_task(realtime()), asyncio.create_task(realtime())]
+        await asyncio.sleep(0.002)
+        tasks.append(asyncio.create_task(batch()))
+        began = loop.time()
+        await asyncio.sleep(5.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return batch_busy / (loop.time() - began)
+
+    # On the virtual clock the run is the same on any machine: neither starved nor unbounded,
+    # its share (plus the batches that started just before the share was spent).
+    assert in_virtual_time(share_of_batch()) == pytest.approx(0.2, abs=0.04)
+
+
+def test_a_lone_batch_lane_runs_flat_out() -> None:
+    async def twenty_batches() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        gate = LaneGate(0.1, window_s=1.0, idle_after_s=0.05, clock=loop.time)
+        began = loop.time()
+        for _ in range(20):
             async with gate.batch():
-                started = time.monotonic()
-                await asyncio.sleep(0.01)
-                batch_busy += time.monotonic() - started
+                await asyncio.sleep(0.005)
+        return loop.time() - began, gate.batch_share_now
 
-    tasks = [asyncio.create_task(realtime()), asyncio.create_task(realtime())]
-    await asyncio.sleep(0.002)
-    tasks.append(asyncio.create_task(batch()))
-    began = time.monotonic()
-    await asyncio.sleep(1.5)
-    stop.set()
-    await asyncio.gather(*tasks)
-    fraction = batch_busy / (time.monotonic() - began)
-    # Neither starved nor unbounded: about its share (generous bounds for a busy machine).
-    assert 0.08 < fraction < 0.45, fraction
-
-
-async def test_a_lone_batch_lane_runs_flat_out() -> None:
-    gate = LaneGate(0.1, window_s=1.0, idle_after_s=0.05)
-    began = time.monotonic()
-    for _ in range(20):
-        async with gate.batch():
-            await asyncio.sleep(0.005)
-    assert time.monotonic() - began < 1.0  # no real-time traffic: never held
-    assert gate.batch_share_now > 0.05
+    took, share = in_virtual_time(twenty_batches())
+    assert took == pytest.approx(20 * 0.005, abs=0.001)  # no real-time traffic: never held
+    assert share > 0.05
 
 
 def test_the_share_must_be_positive() -> None:

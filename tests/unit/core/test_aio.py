@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import pytest
 
+from tests.support import wait_for
+from tidegate.core import aio
 from tidegate.core.aio import LoopWatchdog, Periodic, cancel_and_wait
 from tidegate.core.errors import LifecycleUnavailableError
 
@@ -101,14 +102,33 @@ async def test_periodic_steps_go_on_after_failures(caplog: pytest.LogCaptureFixt
         Periodic(step, 0, name="never")
 
 
-async def test_the_watchdog_reports_a_loop_that_stopped_running() -> None:
+class SteppedClock:
+    """`time` as the watchdog's module sees it: its clock moves only when the test moves it, so
+    a machine too loaded to run the loop for a while cannot pass for a stall."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def test_the_watchdog_reports_a_loop_that_stopped_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = SteppedClock()
+    monkeypatch.setattr(aio, "time", clock)
     stalls: list[float] = []
-    watchdog = LoopWatchdog(0.2, stalls.append)
+    watchdog = LoopWatchdog(0.2, stalls.append)  # both sides look every 0.05 s
     watchdog.start()
-    await asyncio.sleep(0.3)
+    # 0.8 s of the loop running, 0.04 s at a time, each step longer than a heartbeat's period.
+    for _ in range(20):
+        clock.now += 0.04
+        await asyncio.sleep(0.06)
     assert stalls == []  # a loop that runs is never reported
-    time.sleep(0.6)  # noqa: ASYNC251 - the stall under test
-    await asyncio.sleep(0)
+    clock.now += 0.6
+    # The loop stays blocked (this wait sleeps on it) until the watchdog's thread reports.
+    wait_for(lambda: stalls, timeout=30, interval=0.01, what="the stall reported")
     await watchdog.stop()
     assert len(stalls) == 1
-    assert stalls[0] >= 0.2
+    assert 0.6 <= stalls[0] <= 0.6 + 2 * 0.04
