@@ -84,7 +84,13 @@ demo: up models ## Set up, start the stack, controller, 2 workers and a gateway;
 	$(BIN)/tidegate schemas register
 	$(BIN)/tidegate demo $(DEMO_ARGS)
 
-bench: up models ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
+# vegeta, the open-loop HTTP generator of the overload part (tests/bench/vegeta.py).
+$(STAMP)/bench-tools: infra/bench-tools.sh
+	@mkdir -p $(STAMP)
+	bash infra/bench-tools.sh
+	@touch $@
+
+bench: up models $(STAMP)/bench-tools ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
 	$(BIN)/python -m tests.bench
 
 clean: down ## Stop the stack and delete var/ (data, logs, jars).

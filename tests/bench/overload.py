@@ -2,7 +2,8 @@
 
 2 `tidegate worker` processes and 1 gateway, started as `tests.bench.pipeline` starts them, on
 requests, results and replies topics of this run's own (and a worker group of its own), so that
-nothing else on the stack is read or disturbed. `fraud`, open loop:
+nothing else on the stack is read or disturbed. `fraud`, open loop, the HTTP load from vegeta
+(`tests.bench.vegeta`; the aiohttp generator when it is not installed):
 
 1. the highest sustained HTTP rate: rising steps of `STEP_S` (one over the bar is tried once
    more), sustained while p99 <= 100 ms with nothing failed or refused
@@ -28,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.bench import vegeta
 from tests.bench.bench_keys import infer_headers
 from tests.bench.overload_load import Answers, Sampler, http_overload, workers_lag
 from tests.bench.pipeline import STEP_S, kafka_attempt, wait_group_settled
@@ -280,12 +282,20 @@ def run() -> None:
         def http_step(rate: float) -> LoadResult:
             count = max(1, int(rate * STEP_S))
             before = cpu_seconds(process_tree(gateway_pid))
-            result = asyncio.run(
-                http_load("http", url, fraud_body, rate=rate, count=count, headers=headers)
-            )
+            if vegeta.available():
+                answers = vegeta.attack(url, fraud_body, rate=rate, seconds=STEP_S, headers=headers)
+                result = vegeta.load_result("http", answers)
+            else:
+                result = asyncio.run(
+                    http_load("http", url, fraud_body, rate=rate, count=count, headers=headers)
+                )
             step_cpu.append((cpu_seconds(process_tree(gateway_pid)) - before, result.ok))
             return result
 
+        print(
+            "overload: HTTP load from "
+            + ("vegeta (Go)" if vegeta.available() else "aiohttp (`make bench` installs vegeta)")
+        )
         http_step(50)  # warm: the workers' sessions, the gateway's key cache and connections
         print("overload: the highest sustained HTTP rate (p99 <= 100 ms)")
         sustained, _ = _sweep("http", HTTP_RATES, http_step)
@@ -313,16 +323,18 @@ def run() -> None:
         per_ok = max(0.0, step[0] - idle * STEP_S) / max(1, step[1])
         served_before = _served_within(base, SLO_S)
         before = cpu_seconds(process_tree(gateway_pid))
+        overload_headers = {**headers, "Request-Timeout": "1"}
         with Sampler(pids, lag) as sampler:
-            answers = asyncio.run(
-                http_overload(
-                    url,
-                    fraud_body,
-                    rate=offered,
-                    seconds=seconds,
-                    headers={**headers, "Request-Timeout": "1"},
+            if vegeta.available():
+                answers = vegeta.attack(
+                    url, fraud_body, rate=offered, seconds=seconds, headers=overload_headers
                 )
-            )
+            else:
+                answers = asyncio.run(
+                    http_overload(
+                        url, fraud_body, rate=offered, seconds=seconds, headers=overload_headers
+                    )
+                )
         cpu = cpu_seconds(process_tree(gateway_pid)) - before - idle * answers.seconds
         served_after = _served_within(base, SLO_S)
         drain = _drain_s(lag)
