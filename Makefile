@@ -10,7 +10,7 @@ STAMP   := $(VAR)/stamps
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup up down status observe models test test-unit test-integration lint fmt typecheck demo bench clean
+.PHONY: help setup up down status observe models test test-fast test-unit test-integration lint fmt typecheck demo bench clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -61,7 +61,10 @@ models: setup ## Build the example models (fraud 1/2/3, fraud-lite, minilm) into
 test: up models ## Run the whole suite (unit, integration, e2e) against the real stack.
 	$(BIN)/pytest tests/unit tests/integration tests/e2e
 
-test-unit: setup ## Run the unit tests only (no servers needed).
+test-fast: $(STAMP)/venv ## The fast tier: unit tests with no servers, subprocesses, wheel builds or torch; needs only the venv.
+	$(BIN)/pytest tests/unit -m "not slow"
+
+test-unit: setup ## Run the unit tests only (no servers needed), the slow ones too.
 	$(BIN)/pytest tests/unit
 
 test-integration: up ## Run the integration tests against the real stack.

@@ -20,6 +20,9 @@ from pathlib import Path
 import grimp
 import pytest
 
+# Builds a wheel, runs lint-imports and imports every module, each in a subprocess.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = ["core", "schemas", "models", "clients", "lifecycle", "dlq", "agents", "gateway"]
 FOLDERS = [*LAYERS, "examples", "cli"]

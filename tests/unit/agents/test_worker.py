@@ -453,6 +453,7 @@ async def test_one_batch_mixes_the_requests_of_many_partitions_and_each_keeps_it
     await until(lambda: consumer.committed() == {p: 2 for p in range(4)})
 
 
+@pytest.mark.slow  # librdkafka's mock cluster holds the first join for seconds
 async def test_on_a_mock_cluster_kafka_gets_the_delivered_prefix_and_stop_commits_the_rest(
     harness: Harness, mock_kafka: tuple[KafkaSettings, Producer]
 ) -> None:

@@ -27,6 +27,9 @@ from tests.unit.cli.supervision import RecordedSupervisor
 from tidegate.cli import serve_worker
 from tidegate.cli.worker_pool import Backoff, Slot, Supervisor, worker_slots
 
+# Supervises child processes.
+pytestmark = pytest.mark.slow
+
 # Writes PID.up, then on SIGTERM or SIGINT writes PID.stop (the signal's name) and exits 0.
 SERVE = """
 import os, pathlib, signal, sys

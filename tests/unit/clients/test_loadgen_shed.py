@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from tidegate.clients.loadgen import http_load
+
+# Serves HTTP on a socket.
+pytestmark = pytest.mark.slow
 
 
 async def serve(refusals: int) -> tuple[web.AppRunner, str, list[int]]:

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tidegate.core.heap import YOUNG_THRESHOLD
 
 _CHILD = """
@@ -19,6 +21,7 @@ print(json.dumps({"before": before, "after": gc.get_threshold(), "frozen": gc.ge
 """
 
 
+@pytest.mark.slow  # a fresh interpreter, in a subprocess
 def test_settle_freezes_the_start_up_heap_and_collects_the_young_less_often() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True, timeout=60

@@ -135,6 +135,7 @@ def test_repeats_are_held_back_and_counted_once_the_interval_passed() -> None:
     assert not summary.filter(record(refused, 3, 1))
 
 
+@pytest.mark.slow  # 3 s of librdkafka reconnecting
 def test_a_kafka_outage_writes_a_few_lines_not_one_per_reconnect(
     logged: Logged, capfd: pytest.CaptureFixture[str]
 ) -> None:

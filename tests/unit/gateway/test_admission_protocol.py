@@ -12,12 +12,16 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 
 from tests.support import wait_for
 from tidegate.gateway.admission import ADMISSION_STATE, Admission
 from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.slow_clients import ConnectionLimits, guarded_protocol
+
+# Serves uvicorn on a socket.
+pytestmark = pytest.mark.slow
 
 
 class App:

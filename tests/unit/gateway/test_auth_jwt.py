@@ -24,6 +24,9 @@ from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.identity import Permission
 from tidegate.gateway.jwt_verify import JwtVerifier
 
+# Serves the issuer's JWKS over HTTP.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def issuer() -> Iterator[Issuer]:

@@ -23,6 +23,9 @@ import uvicorn
 from tests.support import wait_for
 from tidegate.gateway.slow_clients import ConnectionLimits, GatewayHttpProtocol, guarded_protocol
 
+# Serves uvicorn on a socket.
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 0.5
 # How late a cut-off may come on a loaded machine, and how early: it must be the timeout's doing.
 LATE_S = 2.0

@@ -27,7 +27,8 @@ from tidegate.models.runtime.onnx import OnnxRuntime
 from tidegate.models.runtime.torch import TorchRuntime
 from tidegate.models.store import LocalArtifactStore
 
-pytestmark = pytest.mark.timeout(120)
+# Imports torch (tests/unit/conftest.py keeps the fast tier from collecting it).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SETTINGS = ModelSettings()
 NEVER_INLINE = SETTINGS.model_copy(update={"inline_below_ms": 0.0})

@@ -36,7 +36,8 @@ from tidegate.models.runtime.onnx import OnnxRuntime
 from tidegate.models.store import LocalArtifactStore
 from tidegate.schemas.signature import Signature, TensorSpec
 
-pytestmark = pytest.mark.timeout(120)
+# Imports torch (tests/unit/conftest.py keeps the fast tier from collecting it).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _signature(inputs: list[tuple[str, str, tuple[int, ...]]], outputs: list[Any]) -> Signature:
