@@ -55,6 +55,22 @@ class AuthSettings(BaseSettings):
         ge=1,
         description="Verified keys and tokens (and refused ones) remembered per replica.",
     )
+    checked_s: float = Field(
+        3600.0,
+        gt=0,
+        description="How long this replica remembers that argon2 accepted a presented API key: "
+        "within it, a key that was idle, or pushed out of the trust cache, is trusted again "
+        "after one row read of its revocation, with no argon2 check (a changed hash is checked "
+        "again).",
+    )
+    verifications_per_client: int = Field(
+        20,
+        ge=1,
+        description="Verifications of keys or tokens that no cache of this replica answers "
+        "(a database read and an argon2 check, or a signature check) one client address may "
+        "start per second; past it, 429 with Retry-After. Keys and tokens in use are answered "
+        "from the cache and never counted. Behind a proxy every client shares its address.",
+    )
     open_health: bool = Field(
         True, description="/v2/health/live and /ready answer without credentials."
     )

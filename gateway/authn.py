@@ -27,6 +27,7 @@ from tidegate.core.errors import AuthenticationError
 from tidegate.core.settings import PostgresSettings
 from tidegate.gateway.api_keys import KEY_PREFIX, KeyStore
 from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.client_budget import ClientBudget
 from tidegate.gateway.identity import ANONYMOUS, Identity, grants_of
 from tidegate.gateway.jwt_verify import JwtVerifier
 from tidegate.gateway.key_verifier import KeyVerifier
@@ -76,12 +77,18 @@ class Authenticator:
         if not settings.enabled:
             return cls(settings)
         keys = pool = None
+        # One budget for both kinds: an address cannot double its share by mixing them.
+        budget = ClientBudget(settings.verifications_per_client, "key and token verifications")
         if settings.api_keys:
             pool = make_pool(postgres, _PoolSize())
             keys = KeyVerifier(
-                KeyStore(pool), ttl_s=settings.revocation_s, max_entries=settings.cache_size
+                KeyStore(pool),
+                ttl_s=settings.revocation_s,
+                max_entries=settings.cache_size,
+                checked_s=settings.checked_s,
+                budget=budget,
             )
-        tokens = JwtVerifier(settings) if settings.jwt_enabled else None
+        tokens = JwtVerifier(settings, budget=budget) if settings.jwt_enabled else None
         return cls(settings, keys=keys, tokens=tokens, pool=pool)
 
     @classmethod
@@ -117,7 +124,8 @@ class Authenticator:
 
     async def authenticate(self, request: Request) -> Identity:
         """The caller's identity; `ANONYMOUS` without credentials. Raises
-        `AuthenticationError` for credentials that do not hold (never echoing them)."""
+        `AuthenticationError` for credentials that do not hold (never echoing them), and
+        `RateLimitedError` when its address started too many verifications no cache answered."""
         if self._fixed is not None:
             return self._fixed
         header = request.headers.get("authorization")
@@ -133,12 +141,16 @@ class Authenticator:
         if credentials.startswith(KEY_PREFIX):
             if self.keys is None:
                 raise AuthenticationError("API keys are not accepted here", "API keys off")
-            return await self.keys.verify(credentials)
+            return await self.keys.verify(credentials, _address(request))
         if self.tokens is None:
             raise AuthenticationError(
                 "bearer tokens are not accepted here; use an API key", "no JWT issuer configured"
             )
-        return await self.tokens.verify(credentials)
+        return await self.tokens.verify(credentials, _address(request))
+
+
+def _address(request: Request) -> str | None:
+    return request.client.host if request.client is not None else None
 
 
 def install_authenticator(app: FastAPI, authenticator: Authenticator) -> Authenticator:

@@ -26,6 +26,7 @@ import jwt
 
 from tidegate.core.errors import AuthenticationError
 from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.client_budget import ClientBudget
 from tidegate.gateway.identity import ROLE_PERMISSIONS, Grant, Identity
 
 __all__ = ["JwtVerifier", "identity_from_claims"]
@@ -67,6 +68,7 @@ class JwtVerifier:
         settings: AuthSettings,
         *,
         jwks: jwt.PyJWKClient | None = None,
+        budget: ClientBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if settings.jwt_jwks_url is None:
@@ -79,17 +81,22 @@ class JwtVerifier:
             timeout=10,
             cooldown_duration=settings.jwt_jwks_min_refresh_s,
         )
+        self._budget = budget
         self._clock = clock
         self._wall = time.time
         self._cache: dict[bytes, tuple[float, Identity | None, str]] = {}
 
-    async def verify(self, token: str) -> Identity:
+    async def verify(self, token: str, client: str | None = None) -> Identity:
+        """`client`: the caller's address, charged one unit of the budget when the cache does
+        not answer (`RateLimitedError` past it)."""
         digest = hashlib.sha256(token.encode()).digest()
         entry = self._cache.get(digest)
         if entry is not None and entry[0] > self._clock():
             if entry[1] is None:
                 raise AuthenticationError(_INVALID, entry[2])
             return entry[1]
+        if self._budget is not None:
+            self._budget.take(client)
         try:
             claims = await asyncio.to_thread(self._decode, token)
         except AuthenticationError as exc:

@@ -18,13 +18,20 @@ read per 2 s, which is nothing next to its traffic.
 
 Refusals are remembered for the same time, in a cache of their own (bounded too), so a client
 retrying a bad key costs no argon2 either and a flood of bogus keys cannot evict the keys in
-use; concurrent calls with the same key share one check. A key id that does not exist is
-refused after the row read, without argon2: ids are not secret (`key:<id>` is in every audit
-entry and list), so the time that takes is allowed to tell an unknown id from a wrong secret,
-and bogus ids cost no argon2 CPU. A wrong secret of a real id costs one argon2 check: at most
-two run at once, a bounded number wait their turn, and beyond that (or beyond a bounded number
-of row reads in flight) a call is answered `OverloadedError` (503, Retry-After) rather than
-queued without end.
+use; concurrent calls with the same key share one check. A key id that does not exist, and
+one that is revoked or expired, is refused after the row read, without argon2: ids are not
+secret (`key:<id>` is in every audit entry and list), so the time that takes is allowed to tell
+them from a wrong secret, and such keys cost no argon2 CPU. A wrong secret of a live id costs
+one argon2 check: at most two run at once, a bounded number wait their turn, and beyond that (or
+beyond a bounded number of row reads in flight) a call is answered `OverloadedError` (503,
+Retry-After) rather than queued without end.
+
+What argon2 said of a presented key is remembered far longer than its trust (`checked_s`, an
+hour by default, bounded like the rest): a key idle for a while, or pushed out of the trust
+cache by others, is trusted again after one row read, with no argon2. And with a `budget`, an
+address may start only so many verifications a second that no cache answers (`ClientBudget`,
+429 past it): a flood of wrong secrets from one address cannot keep the argon2 slots full, and
+the keys in use never queue behind it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from tidegate.core.errors import AuthenticationError, OverloadedError
 from tidegate.gateway.api_keys import KeyRecord, KeyStore, parse_key
+from tidegate.gateway.client_budget import ClientBudget
 from tidegate.gateway.identity import Identity
 
 __all__ = ["KeyVerifier"]
@@ -54,7 +62,6 @@ class _Entry:
     until: float  # monotonic
     identity: Identity | None  # None: refused
     refusal: tuple[str, str] = ("", "")  # (message, reason), raised afresh each time
-    secret_hash: str | None = None  # what the presented key was verified against
 
 
 class KeyVerifier:
@@ -71,6 +78,8 @@ class KeyVerifier:
         max_refusals: int | None = None,
         argon2_queue: int = 32,
         reads_in_flight: int = 64,
+        checked_s: float = 3600.0,
+        budget: ClientBudget | None = None,
         hasher: PasswordHasher | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -80,10 +89,14 @@ class KeyVerifier:
         self.max_refusals = max_entries if max_refusals is None else max_refusals
         self.argon2_queue = argon2_queue
         self.reads_in_flight = reads_in_flight
+        self.checked_s = checked_s
+        self._budget = budget
         self._hasher = hasher or store.hasher
         self._clock = clock
         self._cache: dict[bytes, _Entry] = {}  # accepted keys
         self._refused: dict[bytes, _Entry] = {}  # refusals: never evict an accepted key
+        # digest -> (the stored hash argon2 accepted the key against, until when that is kept)
+        self._checked: dict[bytes, tuple[str, float]] = {}
         self._pending: dict[bytes, asyncio.Future[Identity]] = {}
         self._argon2 = asyncio.Semaphore(_ARGON2_AT_ONCE)
         self._argon2_wanted = 0  # running and waiting
@@ -91,7 +104,9 @@ class KeyVerifier:
         self.db_reads = 0
         self.argon2_checks = 0
 
-    async def verify(self, presented: str) -> Identity:
+    async def verify(self, presented: str, client: str | None = None) -> Identity:
+        """`client`: the caller's address, charged one unit of the budget when no cache answers
+        (`RateLimitedError` past it)."""
         digest = hashlib.sha256(presented.encode()).digest()
         now = self._clock()
         entry = self._cache.get(digest)
@@ -102,8 +117,9 @@ class KeyVerifier:
             raise AuthenticationError(*refused.refusal)
         pending = self._pending.get(digest)
         if pending is None:
-            prior = entry or refused
-            pending = asyncio.ensure_future(self._check(digest, presented, prior))
+            if self._budget is not None:
+                self._budget.take(client)
+            pending = asyncio.ensure_future(self._check(digest, presented))
             self._pending[digest] = pending
             pending.add_done_callback(lambda _done: self._pending.pop(digest, None))
         # Shielded: a caller that goes away does not cancel the check the others wait on.
@@ -113,8 +129,9 @@ class KeyVerifier:
         """Drop every remembered outcome (tests, and an operator's emergency lever)."""
         self._cache.clear()
         self._refused.clear()
+        self._checked.clear()
 
-    async def _check(self, digest: bytes, presented: str, prior: _Entry | None) -> Identity:
+    async def _check(self, digest: bytes, presented: str) -> Identity:
         parsed = parse_key(presented)
         if parsed is None:
             raise self._refuse(digest, "malformed API key")
@@ -122,11 +139,12 @@ class KeyVerifier:
         read_at, record = await self._read(key_id)
         if record is None:
             raise self._refuse(digest, "unknown API key id")
+        self._refuse_unless_active(digest, record)
         # argon2 once per presented key and stored hash: a re-check only reads the row.
-        checked = prior is not None and prior.secret_hash == record.secret_hash
-        if not checked:
+        if not self._was_checked(digest, record.secret_hash):
             if not await self._argon2_ok(record, secret):
                 raise self._refuse(digest, "wrong API key secret")
+            self._remember_check(digest, record.secret_hash)
             if self._clock() - read_at >= self.ttl_s:
                 # The check waited its turn past the trust window: what the row said then
                 # (not revoked) may no longer hold. Decide on a fresh read, trusted from it.
@@ -136,19 +154,37 @@ class KeyVerifier:
                     raise self._refuse(digest, "unknown API key id")
                 if record.secret_hash != verified_hash:
                     raise self._refuse(digest, "API key hash changed during its check")
-        state = record.state()
-        if state != "active":
-            raise self._refuse(
-                digest, f"API key {state}", message=f"the API key is {state}", verified=record
-            )
+                self._refuse_unless_active(digest, record)
         ttl = self.ttl_s
         if record.expires_in_s is not None:
             ttl = min(ttl, record.expires_in_s)
         identity = record.identity()
         self._refused.pop(digest, None)
-        entry = _Entry(read_at + ttl, identity, secret_hash=record.secret_hash)
-        self._remember(self._cache, self.max_entries, digest, entry)
+        self._remember(self._cache, self.max_entries, digest, _Entry(read_at + ttl, identity))
         return identity
+
+    def _refuse_unless_active(self, digest: bytes, record: KeyRecord) -> None:
+        state = record.state()
+        if state != "active":
+            raise self._refuse(digest, f"API key {state}", message=f"the API key is {state}")
+
+    def _was_checked(self, digest: bytes, secret_hash: str) -> bool:
+        """Whether argon2 accepted this presented key against this stored hash, not too long
+        ago (a key whose hash changed, or whose check expired, is checked again)."""
+        checked = self._checked.get(digest)
+        if checked is None or checked[0] != secret_hash or checked[1] <= self._clock():
+            return False
+        # Used again: it moves to the back, away from eviction.
+        del self._checked[digest]
+        self._checked[digest] = checked
+        return True
+
+    def _remember_check(self, digest: bytes, secret_hash: str) -> None:
+        checked = self._checked
+        checked.pop(digest, None)
+        while len(checked) >= self.max_entries:
+            del checked[next(iter(checked))]
+        checked[digest] = (secret_hash, self._clock() + self.checked_s)
 
     async def _read(self, key_id: str) -> tuple[float, KeyRecord | None]:
         """The key's row, and the monotonic time just before it was read (what its trust is
@@ -178,15 +214,9 @@ class KeyVerifier:
             self._argon2_wanted -= 1
 
     def _refuse(
-        self,
-        digest: bytes,
-        reason: str,
-        *,
-        message: str = _INVALID,
-        verified: KeyRecord | None = None,
+        self, digest: bytes, reason: str, *, message: str = _INVALID
     ) -> AuthenticationError:
-        secret_hash = verified.secret_hash if verified is not None else None
-        entry = _Entry(self._clock() + self.ttl_s, None, (message, reason), secret_hash)
+        entry = _Entry(self._clock() + self.ttl_s, None, (message, reason))
         self._cache.pop(digest, None)
         self._remember(self._refused, self.max_refusals, digest, entry)
         return AuthenticationError(message, reason)

@@ -8,8 +8,9 @@ document is rewritten once, when first asked for, from one table here: each rout
 errors its code can raise, and their statuses come from the one error map in
 `tidegate.gateway.problems` (and a worker's result statuses from the InferenceResult schema), so a
 status changed there is documented everywhere it applies. The permission a route declares
-(`x-tidegate-permission` in its `openapi_extra`) decides whether it documents 401/403; infer
-routes document 429 for rate limits too. CI runs schemathesis over the result
+(`x-tidegate-permission` in its `openapi_extra`) decides whether it documents 401/403, and 429
+for an address past its budget of verifications no cache answers; infer routes' 429 covers rate
+limits too. CI runs schemathesis over the result
 (tests/integration/gateway/test_openapi_conformance.py, docs/openapi.md).
 """
 
@@ -84,8 +85,9 @@ class RouteKind:
         return statuses
 
 
-# Credentials that do not hold (401), a permission not granted (403), the key store down (503).
-_AUTH = (AuthenticationError, PermissionDeniedError, LifecycleUnavailableError)
+# Credentials that do not hold (401), a permission not granted (403), an address past its budget
+# of uncached verifications (429), the key store down (503).
+_AUTH = (AuthenticationError, PermissionDeniedError, RateLimitedError, LifecycleUnavailableError)
 # Binding the request (path, query, headers, JSON body) fails as InvalidInputError: 400.
 _BIND = (InvalidInputError,)
 _V2_BODY = (SerializationError, PayloadTooLargeError, UnsupportedMediaTypeError)

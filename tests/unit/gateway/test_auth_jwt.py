@@ -19,8 +19,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import ValidationError
 
 from tests.unit.auth_fixtures import AUDIENCE, ISSUER, Issuer
-from tidegate.core.errors import AuthenticationError
+from tidegate.core.errors import AuthenticationError, RateLimitedError
 from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.client_budget import ClientBudget
 from tidegate.gateway.identity import Permission
 from tidegate.gateway.jwt_verify import JwtVerifier
 
@@ -185,3 +186,17 @@ def test_the_jwks_is_fetched_over_tls_or_from_this_host_only(url: str) -> None:
         AuthSettings(jwt_issuer="i", jwt_audience="a", jwt_jwks_url=url)
     for fine in ("https://issuer.example.com/jwks", "http://127.0.0.1:8000/jwks"):
         assert AuthSettings(jwt_issuer="i", jwt_audience="a", jwt_jwks_url=fine).jwt_jwks_url
+
+
+async def test_tokens_no_cache_answers_are_charged_to_their_address(issuer: Issuer) -> None:
+    verifier = JwtVerifier(settings_for(issuer), budget=ClientBudget(2, "token checks"))
+    token = issuer.token(roles=["infer"])
+    for _ in range(5):  # one signature check, then the cache: one unit spent
+        await verifier.verify(token, "203.0.113.7")
+    with pytest.raises(AuthenticationError):
+        await verifier.verify("not-a-token", "203.0.113.7")
+    with pytest.raises(RateLimitedError):
+        await verifier.verify("another-bogus-token", "203.0.113.7")
+    # Another address has a budget of its own.
+    with pytest.raises(AuthenticationError):
+        await verifier.verify("another-bogus-token", "198.51.100.2")
