@@ -3,6 +3,11 @@
 A declared Content-Length over the limit is refused before a byte of the body is read; a body
 without one (chunked) is refused as soon as the bytes streamed in pass the limit, so an oversized
 body never sits in memory whole.
+
+Parsed JSON costs far more memory than its text: each element becomes a Python object, about
+24 bytes, whatever its size in the body. `check_elements` refuses, before parsing, a JSON header
+with more elements than any request record could carry (each takes at least a byte of the
+record), so what one call can make the gateway hold is bounded by the record cap, not the body's.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from tidegate.gateway.http_errors import (
     UnsupportedMediaTypeError,
 )
 
-__all__ = ["ACCEPTED_MEDIA_TYPES", "read_body"]
+__all__ = ["ACCEPTED_MEDIA_TYPES", "check_elements", "read_body"]
 
 # JSON, and octet-stream for the binary extension; tritonclient sends no Content-Type at all.
 ACCEPTED_MEDIA_TYPES = frozenset({"", "application/json", "application/octet-stream"})
@@ -33,6 +38,17 @@ def _check_media(request: Request) -> None:
     if coding != "identity":
         raise UnsupportedMediaTypeError(
             f"content coding {coding!r} is not supported", "Content-Encoding"
+        )
+
+
+def check_elements(header: bytes, max_record_bytes: int) -> None:
+    """Refuse (413) a JSON header that holds more values than a record of `max_record_bytes`
+    could: every comma separates one from the next, or is itself a byte of a string."""
+    if header.count(b",") >= max_record_bytes:
+        raise PayloadTooLargeError(
+            f"the JSON body holds more values than a request record of at most "
+            f"{max_record_bytes} bytes can carry; send fewer, or the tensors as binary data "
+            "(Inference-Header-Content-Length)"
         )
 
 

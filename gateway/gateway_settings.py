@@ -14,7 +14,11 @@ from pydantic_settings import BaseSettings
 
 from tidegate.core.settings import instance_id, settings_config
 
-__all__ = ["GatewaySettings"]
+__all__ = ["JSON_BODY_FACTOR", "GatewaySettings"]
+
+JSON_BODY_FACTOR = 8
+"""The default body limit, in request records: JSON text is rarely more than 8 times the bytes
+its elements take in a record."""
 
 
 class GatewaySettings(BaseSettings):
@@ -87,8 +91,13 @@ class GatewaySettings(BaseSettings):
         "`message.max.bytes`); the requests topic's `max.message.bytes` lowers it when smaller. "
         "Larger requests are refused with 413.",
     )
-    max_body_bytes: int = Field(
-        16 * 1024 * 1024, ge=1024, description="Larger request bodies are refused with 413."
+    max_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Larger request bodies are refused with 413, before they are read whole. "
+        f"Unset: {JSON_BODY_FACTOR} times `max_record_bytes`, room for any JSON body whose "
+        "tensors a request record can hold (an element takes 1 to 8 bytes in the record and "
+        "rarely more than 8 times that as JSON text), and for a binary one with its JSON header.",
     )
     max_in_flight: int = Field(
         4096, ge=1, description="Requests awaiting results before new ones are shed with 503."
@@ -157,3 +166,10 @@ class GatewaySettings(BaseSettings):
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ValueError("tls_certfile and tls_keyfile are set together, or neither")
         return self
+
+    @property
+    def body_limit(self) -> int:
+        """The largest request body read: `max_body_bytes`, else what the record cap implies."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return JSON_BODY_FACTOR * self.max_record_bytes

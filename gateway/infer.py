@@ -42,6 +42,7 @@ from tidegate.core.errors import ModelUnavailableError, ResultTimeoutError, Tide
 from tidegate.gateway import call_record, http_metrics
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.backends import GatewayServices
+from tidegate.gateway.body import check_elements
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import (
     RequestIdTakenError,
@@ -132,7 +133,7 @@ class Inference:
 
     @property
     def max_body_bytes(self) -> int:
-        return self._settings.max_body_bytes
+        return self._settings.body_limit
 
     @property
     def tracer(self) -> Tracer | None:
@@ -148,6 +149,7 @@ class Inference:
         model, version = UNKNOWN_MODEL, ""
         try:
             header, binary = split_body(call.body, call.header_length)
+            check_elements(header, self._settings.max_record_bytes)
             v2 = parse_request(header)
             lane = call_record.lane(call.lane, v2.parameters)
             request_id = call_record.request_id(v2.id)
