@@ -129,6 +129,7 @@ def issue(
     expires_at: datetime | None = None,
     rate_per_s: float | None = None,
     tenant: str | None = None,
+    routing_key: str | None = None,
 ) -> IssuedKey:
     """Create a key as the CLI's local identity, audited: what `keys create` (and the demo)
     runs. Exits 1 if the audit trail or the database cannot be reached."""
@@ -142,6 +143,7 @@ def issue(
             expires_at=expires_at,
             rate_per_s=rate_per_s,
             tenant=tenant,
+            routing_key=routing_key,
         ),
     )
 
@@ -194,13 +196,27 @@ def create(
             "is refused (default: none, the caller's `tenant` parameter stands)."
         ),
     ] = None,
+    routing_key: Annotated[
+        str | None,
+        typer.Option(
+            help="The routing key of every call the key makes (sticky routing, per-key order): "
+            "another `routing_key` parameter is refused (default: none, the caller's stands)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Issue a key. It is printed once: store it now, it cannot be shown again."""
     now = datetime.now(UTC)
     grants = tuple(parse_grant(r) for r in role)
     expires_at = parse_expiry(expires, now) if expires else None
-    issued = issue(name, grants, expires_at=expires_at, rate_per_s=rate, tenant=tenant or None)
+    issued = issue(
+        name,
+        grants,
+        expires_at=expires_at,
+        rate_per_s=rate,
+        tenant=tenant or None,
+        routing_key=routing_key or None,
+    )
     secret = issued.key.get_secret_value()
     if as_json:
         sys.stdout.write(json.dumps({"key": secret, **issued.record.view(now)}) + "\n")

@@ -47,7 +47,8 @@ KEY_PREFIX = "tg_"
 _KEY = re.compile(r"^tg_([a-z0-9]{8,32})_([A-Za-z0-9_-]{20,128})$")
 _COLUMNS = (
     "id, name, secret_hash, grants, rate_per_s, tenant, created_at, created_by, expires_at, "
-    "revoked_at, revoked_by, extract(epoch FROM expires_at - now())::float8 AS expires_in_s"
+    "revoked_at, revoked_by, extract(epoch FROM expires_at - now())::float8 AS expires_in_s, "
+    "routing_key"
 )
 
 
@@ -119,6 +120,8 @@ class KeyRecord:
     expires_in_s: float | None = None
     """Seconds from the database's `now()`, when the row was read, to `expires_at` (<= 0:
     expired); None without an expiry, or for a record not read from the database."""
+    routing_key: str | None = None
+    """The routing key of every call the key makes; None: the caller's `routing_key` stands."""
 
     @property
     def subject(self) -> str:
@@ -132,6 +135,7 @@ class KeyRecord:
             rate_per_s=self.rate_per_s,
             labels={"key_name": self.name},
             tenant=self.tenant,
+            routing_key=self.routing_key,
         )
 
     def state(self, now: datetime | None = None) -> str:
@@ -154,6 +158,7 @@ class KeyRecord:
             "grants": json.loads(grants_to_json(self.grants)),
             "rate_per_s": self.rate_per_s,
             "tenant": self.tenant,
+            "routing_key": self.routing_key,
             "created_at": self.created_at.isoformat(),
             "created_by": self.created_by,
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
@@ -191,15 +196,16 @@ class KeyStore:
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
         tenant: str | None = None,
+        routing_key: str | None = None,
     ) -> IssuedKey:
         key_id, key, secret_hash = issue(self.hasher, grants)
         async with connection(self.pool) as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(
                 f"INSERT INTO api_keys (id, name, secret_hash, grants, rate_per_s, tenant,"  # noqa: S608
-                f" created_by, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-                f" RETURNING {_COLUMNS}",
+                f" routing_key, created_by, expires_at)"
+                f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_COLUMNS}",
                 (key_id, name, secret_hash, grants_to_json(grants), rate_per_s, tenant,
-                 created_by, expires_at),
+                 routing_key, created_by, expires_at),
             )  # fmt: skip
             row = await cur.fetchone()
         assert row is not None  # noqa: S101 - INSERT ... RETURNING returns the row

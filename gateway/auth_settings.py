@@ -118,6 +118,11 @@ class AuthSettings(BaseSettings):
         description="The claim naming the tenant the caller acts for; a token with it makes "
         "every call that tenant's (another `tenant` parameter is refused, 403).",
     )
+    jwt_routing_key_claim: str = Field(
+        "routing_key",
+        description="The claim naming the routing key of every call the token makes (sticky "
+        "routing and per-key order); another `routing_key` parameter is refused, 403.",
+    )
     jwt_cache_s: float = Field(
         60.0,
         gt=0,

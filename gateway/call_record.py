@@ -154,12 +154,13 @@ def new_record(
     deadline_s: float | None = None,
     nonce: str | None = None,
     tenant: str | None = None,
+    routing_key: str | None = None,
 ) -> dict[str, Any]:
     """The record to publish; `reply_to` is this replica's reply partition, None while unheld,
     `deadline_s` the call's deadline in seconds from now (the earlier of it and Triton's
     `timeout` parameter is the request's), `nonce` this submission's (`new_nonce`), which
-    its reply carries back, and `tenant` the one the caller's identity acts for, if any: the
-    request is then that tenant's, and a `tenant` parameter naming another is refused (403)."""
+    its reply carries back, and `tenant` and `routing_key` the ones the caller's identity names,
+    if any: the request then has them, and a parameter naming another is refused (403)."""
     params = scalar_parameters(v2.parameters, "parameters")
     params.pop("lane", None)  # the topic says it (`lane`)
     params.pop(FALLBACK_OF, None)  # only `divert` marks a request as diverted
@@ -180,8 +181,8 @@ def new_record(
         model,
         inputs,
         version=version,
-        routing_key=str(params.pop("routing_key")) if params.get("routing_key") else None,
-        tenant=_tenant(params.pop("tenant", None), tenant),
+        routing_key=_bound("routing key", params.pop("routing_key", None), routing_key),
+        tenant=_bound("tenant", params.pop("tenant", None), tenant) or "default",
         deadline=_deadline(deadline_s, timeout_us),
         request_id=request_id,
         outputs=[o.name for o in v2.outputs or []],
@@ -190,14 +191,16 @@ def new_record(
     )
 
 
-def _tenant(asked: Any, identity_tenant: str | None) -> str:
-    if identity_tenant is None:
-        return str(asked or "default")
-    if asked and asked != identity_tenant:
+def _bound(what: str, asked: Any, identity_value: str | None) -> str | None:
+    """The identity's value where it names one (a parameter may repeat it, never name another),
+    else the caller's parameter."""
+    if identity_value is None:
+        return str(asked) if asked else None
+    if asked and asked != identity_value:
         raise PermissionDeniedError(
-            f"this caller acts for tenant {identity_tenant!r}, not {str(asked)!r}"
+            f"this caller's {what} is {identity_value!r}, not {str(asked)!r}"
         )
-    return identity_tenant
+    return identity_value
 
 
 def _deadline(deadline_s: float | None, timeout_us: int | None) -> timedelta | None:

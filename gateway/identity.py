@@ -87,6 +87,9 @@ class Identity:
     tenant: str | None = None
     """The tenant the caller acts for (a key's, or a token's claim): its calls are that tenant's
     whatever their `tenant` parameter says. None: the parameter (else `default`) stands."""
+    routing_key: str | None = None
+    """The routing key of every call of the caller (a key's, or a token's claim), so it cannot
+    pick its own version of a weighted split or its partition. None: the parameter stands."""
 
     def allows(self, permission: Permission, model: str | None = None) -> bool:
         """Whether a route needing `permission` (on `model`, when it names one) is allowed. A

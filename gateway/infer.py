@@ -91,6 +91,8 @@ class InferCall:
     lane: str | None = None
     tenant: str | None = None
     """The tenant the caller's identity acts for, if it names one (`Identity.tenant`)."""
+    routing_key: str | None = None
+    """The routing key the caller's identity names, if any (`Identity.routing_key`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,7 @@ class Inference:
                 budget.deadline_s,
                 call_record.new_nonce(),
                 call.tenant,
+                call.routing_key,
             )
             prefs = OutputPrefs.from_request(v2)
             if call.respond_async:

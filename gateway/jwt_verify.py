@@ -45,18 +45,21 @@ def _names(value: Any) -> list[str]:
 def identity_from_claims(claims: dict[str, Any], settings: AuthSettings) -> Identity:
     """The identity a verified token names: `jwt:<iss>/<sub>`, with the known roles of its roles
     claim (unknown ones are ignored), over the models of its models claim when one is set, for
-    the tenant of its tenant claim when it has one."""
+    the tenant of its tenant claim and with the routing key of its routing key claim when it
+    has them."""
     roles = [r for r in _names(claims.get(settings.jwt_roles_claim)) if r in ROLE_PERMISSIONS]
     models: frozenset[str] | None = None
     if settings.jwt_models_claim is not None and settings.jwt_models_claim in claims:
         models = frozenset(_names(claims[settings.jwt_models_claim]))
     grants = tuple(Grant(role, models) for role in sorted(set(roles)))
     tenant = claims.get(settings.jwt_tenant_claim)
+    routing_key = claims.get(settings.jwt_routing_key_claim)
     return Identity(
         f"jwt:{claims['iss']}/{claims['sub']}",
         "jwt",
         grants,
         tenant=tenant if isinstance(tenant, str) and tenant else None,
+        routing_key=routing_key if isinstance(routing_key, str) and routing_key else None,
     )
 
 

@@ -108,6 +108,7 @@ async def _infer(
             owner=identity.subject if identity is not None else None,
             lane=headers.get(LANE),
             tenant=identity.tenant if identity is not None else None,
+            routing_key=identity.routing_key if identity is not None else None,
         )
         outcome = await inference.infer(call)
     response = respond(outcome, request.url.path)

@@ -53,11 +53,12 @@ class MemoryKeyStore(KeyStore):
         expires_at: datetime | None = None,
         rate_per_s: float | None = None,
         tenant: str | None = None,
+        routing_key: str | None = None,
     ) -> IssuedKey:
         key_id, key, secret_hash = issue(self.hasher, grants)
         record = KeyRecord(
             key_id, name, secret_hash, grants, rate_per_s, tenant,
-            self.db_now(), created_by, expires_at, None, None,
+            self.db_now(), created_by, expires_at, None, None, routing_key=routing_key,
         )  # fmt: skip
         self.rows[key_id] = record
         return IssuedKey(self._read(record), key)

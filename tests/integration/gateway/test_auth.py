@@ -439,14 +439,14 @@ def test_migration_0007_rolls_back_and_applies_again(pg_settings: PostgresSettin
         assert row is not None
         return bool(row[0]), str(row[1])
 
-    assert state() == (True, "8")
+    assert state() == (True, "9")
     migrations = read_migrations(str(MIGRATIONS_DIR)).filter(lambda m: m.id >= "0007_api_keys")
     url = f"{pg_settings.url()}?schema={pg_settings.db_schema}"
     with get_backend(url) as backend, backend.lock():
         backend.rollback_migrations(backend.to_rollback(migrations))
     assert state() == (False, "6")
-    assert {"0007_api_keys", "0008_key_tenant"} <= set(migrate(pg_settings))
-    assert state() == (True, "8")
+    assert {"0007_api_keys", "0008_key_tenant", "0009_key_routing_key"} <= set(migrate(pg_settings))
+    assert state() == (True, "9")
 
 
 def test_a_keys_tenant_is_kept_and_becomes_its_identitys(keys: Keys) -> None:
@@ -460,3 +460,19 @@ def test_a_keys_tenant_is_kept_and_becomes_its_identitys(keys: Keys) -> None:
     assert plain is not None
     assert (scoped.tenant, scoped.identity().tenant, scoped.view()["tenant"]) == ("acme",) * 3
     assert (plain.tenant, plain.identity().tenant) == (None, None)
+
+
+def test_a_keys_routing_key_is_kept_and_becomes_its_identitys(keys: Keys) -> None:
+    async def go(store: KeyStore) -> tuple[KeyRecord | None, KeyRecord | None]:
+        bound = await store.create(
+            "it", (Grant("infer"),), created_by="local:it", routing_key="card-42"
+        )
+        plain = await store.create("it", (Grant("infer"),), created_by="local:it")
+        return await store.get(bound.record.id), await store.get(plain.record.id)
+
+    bound, plain = keys.run(go)
+    assert bound is not None
+    assert plain is not None
+    assert (bound.routing_key, bound.identity().routing_key) == ("card-42", "card-42")
+    assert bound.view()["routing_key"] == "card-42"
+    assert (plain.routing_key, plain.identity().routing_key) == (None, None)
