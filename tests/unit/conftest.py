@@ -8,6 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests: no example database in the checkout (CI starts from a clean clone each time),
+# and no deadline per example (a loaded machine is not a broken property).
+settings.register_profile("tidegate", database=None, deadline=None)
+settings.load_profile("tidegate")
 
 HERE = Path(__file__).resolve().parent
 # Checked with the tools `make setup` installs (kubeconform, kustomize, promtool, the schemas).
