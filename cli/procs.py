@@ -34,6 +34,10 @@ class Child:
                 # The whole session: a supervisor killed here leaves no child of its own behind.
                 with suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
+                # A child started in its parent's session (a benchmark's peer) has no group of
+                # its own to kill: it alone.
+                if self.process.poll() is None:
+                    self.process.kill()
                 self.process.wait(5)
         self.pidfile.unlink(missing_ok=True)
 
