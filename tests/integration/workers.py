@@ -10,6 +10,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -282,6 +283,20 @@ class Waves:
         batch = [request(f"w{len(self.ids) // 40:03d}-{i}", f"k{i % 16}") for i in range(40)]
         self.ids.extend(b["request_id"] for b in batch)
         publish(self.stack, batch)
+
+
+def start_worker(stack: Stack, models: ModelSettings, **env: str) -> subprocess.Popen[bytes]:
+    """`tidegate worker --processes 1` (the worker in the process itself) on the stack, with
+    `env` added; its log in the models folder."""
+    code = "import typer; from tidegate.cli.serve_worker import worker; typer.run(worker)"
+    log = (models.store_dir.parent / f"{unique('worker')}.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "--processes", "1"],
+        env=stack.env(models, **env),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
 
 
 def stop_workers(*procs: subprocess.Popen[bytes]) -> None:

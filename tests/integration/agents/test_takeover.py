@@ -25,15 +25,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from tests.integration import workers
-from tests.integration.agents.test_worker import start_worker
-from tests.integration.workers import Stack, request, stop_workers
+from tests.integration.workers import Stack, request, start_worker, stop_workers
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
 from tidegate.models.model_settings import ModelSettings
-
-models = workers.models
-stack = workers.stack
 
 # What each side of the comparison sets; the new settings are the defaults.
 CLASSIC_OLD = {

@@ -13,8 +13,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,9 +22,7 @@ import numpy as np
 from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from tests.integration import workers
 from tests.integration.workers import (
-    ROOT,
     SIGNATURE,
     Reader,
     Stack,
@@ -35,9 +31,10 @@ from tests.integration.workers import (
     publish,
     request,
     running,
+    start_worker,
     stop_workers,
 )
-from tests.support import eventually, free_port, unique, wait_for
+from tests.support import eventually, free_port, wait_for
 from tidegate.agents.assembly import WorkerConfig, running_worker
 from tidegate.agents.loaded import LoadedModel
 from tidegate.agents.worker_settings import WorkerSettings
@@ -50,8 +47,6 @@ from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroDecoder
 
 # The shared fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
-models = workers.models
-stack = workers.stack
 
 
 async def test_a_worker_serves_while_postgres_is_unreachable(
@@ -240,18 +235,6 @@ def committed(stack: Stack) -> int:
         return sum(max(tp.offset, 0) for tp in tps)
     finally:
         consumer.close()
-
-
-def start_worker(stack: Stack, models: ModelSettings, **env: str) -> subprocess.Popen[bytes]:
-    code = "import typer; from tidegate.cli.serve_worker import worker; typer.run(worker)"
-    log = (models.store_dir.parent / f"{unique('worker')}.log").open("wb")
-    return subprocess.Popen(
-        [sys.executable, "-c", code, "--processes", "1"],
-        env=stack.env(models, **env),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
 
 
 def scraped(port: int) -> str:
