@@ -1,4 +1,5 @@
-"""`tidegate stack ...`: health checks and topics of the local stack (used by infra/stack.sh).
+"""`tidegate stack ...`: health checks, topics and the registry credentials of the local stack
+(used by infra/stack.sh).
 
 Settings come from the environment (infra/lib.sh exports them for a stack on other ports).
 """
@@ -6,6 +7,7 @@ Settings come from the environment (infra/lib.sh exports them for a stack on oth
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -118,3 +120,14 @@ def status(
     Console(width=160).print(table)
     if missing:
         raise typer.Exit(1)
+
+
+@app.command("registry-credentials")
+def registry_credentials(
+    path: Annotated[Path, typer.Argument(help="Where the credentials go (mode 600).")],
+) -> None:
+    """Make the key this stack's processes present to its schema registry, unless PATH holds an
+    active one (migrates PostgreSQL first)."""
+    from tidegate.cli.registry_credentials import ensure_credentials
+
+    typer.echo(f"registry credentials: {ensure_credentials(path)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlsplit
 
@@ -36,6 +37,7 @@ __all__ = [
     "TracingSettings",
     "instance_id",
     "is_loopback",
+    "read_env_file",
     "secure_url",
     "settings_config",
 ]
@@ -289,8 +291,19 @@ class SchemaRegistrySettings(BaseSettings):
     model_config = settings_config("TIDEGATE_SCHEMA_REGISTRY_")
 
     url: str = Field("http://127.0.0.1:8081", description="Base URL of the registry.")
-    basic_auth_user: str | None = Field(None, description="User for HTTP basic auth, if any.")
+    basic_auth_user: str | None = Field(
+        None,
+        description="User for HTTP basic auth: for tidegate's registry, an API key's id (the "
+        "part between `tg_` and the next `_`), with its secret as the password.",
+    )
     basic_auth_password: SecretStr | None = Field(None, description="Password for basic auth.")
+    local_credentials: Path = Field(
+        Path("var/registry/client.env"),
+        description="Where `make up` leaves the local stack's registry credentials (an API key "
+        "that may read and register schemas): used when no user is set and the registry is on "
+        "this host, as the local PostgreSQL's password is; a file set here explicitly is used "
+        "for a registry anywhere (docker-compose shares one with every service).",
+    )
     cache_capacity: int = Field(1000, ge=1, description="Schemas cached by the client.")
     timeout_s: float = Field(10.0, gt=0, description="HTTP timeout of registry calls, seconds.")
 
@@ -300,6 +313,20 @@ class SchemaRegistrySettings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("url must start with http:// or https://")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _local_stack(self) -> SchemaRegistrySettings:
+        # The default file is the local stack's, for a registry on this host only; a file
+        # named explicitly (docker-compose's shared volume) is read wherever the registry is.
+        named = "local_credentials" in self.model_fields_set
+        local = is_loopback(urlsplit(self.url).hostname or "")
+        if self.basic_auth_user is not None or not (named or local):
+            return self
+        found = read_env_file(self.local_credentials, _REGISTRY_PREFIX)
+        user, password = found.get("basic_auth_user"), found.get("basic_auth_password")
+        if user and password:
+            self.basic_auth_user, self.basic_auth_password = user, SecretStr(password)
+        return self
 
     def client_config(self) -> dict[str, object]:
         """The config dict of confluent-kafka's `SchemaRegistryClient`."""
@@ -476,3 +503,21 @@ class TracingSettings(BaseSettings):
 
 def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+_REGISTRY_PREFIX = "TIDEGATE_SCHEMA_REGISTRY_"
+
+
+def read_env_file(path: Path, prefix: str) -> dict[str, str]:
+    """The `PREFIX_NAME=value` lines of a KEY=VALUE file, by lower-case name; none when the
+    file cannot be read."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key.startswith(prefix):
+            found[key.removeprefix(prefix).lower()] = value
+    return found

@@ -226,13 +226,19 @@ def probe_kafka(settings: KafkaSettings, timeout: float) -> str:
 
 
 def probe_registry(settings: SchemaRegistrySettings, timeout: float) -> str:
-    """Healthy when GET /subjects answers 200."""
+    """Healthy when GET /_health answers 200 (tidegate's registry: its state is loaded), or GET /
+    does where there is no /_health (other Confluent-compatible registries). Neither needs
+    credentials: the stack makes the registry's keys only once it is healthy."""
     import httpx
 
-    response = httpx.get(f"{settings.url}/subjects", timeout=timeout)
+    path = "/_health"
+    response = httpx.get(f"{settings.url}{path}", timeout=timeout)
+    if response.status_code == 404:
+        path = "/"
+        response = httpx.get(f"{settings.url}{path}", timeout=timeout)
     if response.status_code != 200:
-        raise RuntimeError(f"GET {settings.url}/subjects answered {response.status_code}")
-    return f"{settings.url}, {len(response.json())} subject(s)"
+        raise RuntimeError(f"GET {settings.url}{path} answered {response.status_code}")
+    return f"{settings.url}, ready"
 
 
 def probe_postgres(settings: PostgresSettings, timeout: float) -> str:

@@ -148,6 +148,15 @@ class Authenticator:
             )
         return await self.tokens.verify(credentials, _address(request))
 
+    async def verify_key(self, key: str, client: str | None = None) -> Identity:
+        """The identity of an API key presented some other way than a bearer header (the
+        registry's HTTP Basic: the key's id as user, its secret as password)."""
+        if self._fixed is not None:
+            return self._fixed
+        if self.keys is None:
+            raise AuthenticationError("API keys are not accepted here", "API keys off")
+        return await self.keys.verify(key, client)
+
 
 def _address(request: Request) -> str | None:
     return request.client.host if request.client is not None else None

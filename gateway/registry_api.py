@@ -5,12 +5,16 @@ JSON shapes, and registry errors into `{"error_code": N, "message": ...}` with t
 `tidegate.gateway.problems` chooses: N for 3-digit codes, N // 100 for 5-digit ones, 503 while the
 registry is not ready. Request bodies are parsed here whatever their content type
 (`application/vnd.schemaregistry.v1+json`, `application/json`, ...), as Confluent's server does.
+Every route but the root and the health check needs a caller with the permission it declares
+(`tidegate.gateway.registry_auth`): reads `read`, registering `deploy`, deletes and
+compatibility changes `admin`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -22,12 +26,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tidegate.core.errors import (
+    AuthenticationError,
     InvalidSchemaError,
+    OverloadedError,
+    RateLimitedError,
     RegistryUnavailableError,
     SchemaRegistryError,
     TidegateError,
 )
+from tidegate.gateway.authn import Authenticator
+from tidegate.gateway.identity import Permission
 from tidegate.gateway.problems import registry_status_for_error
+from tidegate.gateway.registry_auth import REALM, registry_guard
 from tidegate.schemas.registry import (
     SUPPORTED_SCHEMA_TYPES,
     BadRequestError,
@@ -98,39 +108,61 @@ def _compatibility_json(request: Request, problems: list[str]) -> dict[str, Any]
     return out
 
 
-def create_app(registry: SchemaRegistry, *, startup_timeout_s: float = 60.0) -> FastAPI:
-    """The registry's FastAPI app; its lifespan starts the registry and waits until it is loaded."""
+def create_app(
+    registry: SchemaRegistry, *, authenticator: Authenticator, startup_timeout_s: float = 60.0
+) -> FastAPI:
+    """The registry's FastAPI app, whose callers `authenticator` names; its lifespan opens the
+    authenticator, starts the registry and waits until it is loaded."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        try:
-            await run_in_threadpool(registry.start)
-        except TidegateError as exc:
-            _log.error("the schema registry cannot start: %s", exc)
-            raise
-        try:
-            if not await run_in_threadpool(registry.wait_ready, startup_timeout_s):
-                message = f"the registry state did not load within {startup_timeout_s}s"
-                _log.error("the schema registry cannot start: %s", message)
-                raise RegistryUnavailableError(message)
+        async with authenticator, _started(registry, startup_timeout_s):
             yield
-        finally:
-            await run_in_threadpool(registry.stop)
 
     app = FastAPI(
         title="tidegate schema registry",
         default_response_class=RegistryJSONResponse,
         lifespan=lifespan,
     )
+    app.state.authenticator = authenticator
     _add_error_handlers(app)
     _add_routes(app, registry)
     return app
+
+
+@asynccontextmanager
+async def _started(registry: SchemaRegistry, startup_timeout_s: float) -> AsyncIterator[None]:
+    try:
+        await run_in_threadpool(registry.start)
+    except TidegateError as exc:
+        _log.error("the schema registry cannot start: %s", exc)
+        raise
+    try:
+        if not await run_in_threadpool(registry.wait_ready, startup_timeout_s):
+            message = f"the registry state did not load within {startup_timeout_s}s"
+            _log.error("the schema registry cannot start: %s", message)
+            raise RegistryUnavailableError(message)
+        yield
+    finally:
+        await run_in_threadpool(registry.stop)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SchemaRegistryError)
     async def on_registry_error(_: Request, exc: SchemaRegistryError) -> Response:
         return _error(registry_status_for_error(exc), exc.error_code, str(exc))
+
+    @app.exception_handler(TidegateError)
+    async def on_refused(_: Request, exc: TidegateError) -> Response:
+        # Authentication and authorization, in Confluent's shape: 40101, 40301, 42901, 50301.
+        status = registry_status_for_error(exc)
+        answer = _error(status, status * 100 + 1, str(exc))
+        if isinstance(exc, AuthenticationError):
+            answer.headers["WWW-Authenticate"] = REALM
+        retry_after = getattr(exc, "retry_after_s", None)
+        if isinstance(exc, RateLimitedError | OverloadedError) and retry_after is not None:
+            answer.headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+        return answer
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
@@ -152,21 +184,21 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
-    @app.get("/")
+    @app.get("/", dependencies=registry_guard(Permission.PUBLIC))
     def root() -> dict[str, Any]:
         return {}
 
-    @app.get("/_health")
+    @app.get("/_health", dependencies=registry_guard(Permission.PUBLIC))
     def health() -> Response:
         if not registry.ready:
             return _error(503, 50003, "the schema registry is still loading its state")
         return RegistryJSONResponse({"status": "ready"})
 
-    @app.get("/schemas/types")
+    @app.get("/schemas/types", dependencies=registry_guard(Permission.READ))
     def schema_types() -> list[str]:
         return list(SUPPORTED_SCHEMA_TYPES)
 
-    @app.get("/schemas/ids/{schema_id}")
+    @app.get("/schemas/ids/{schema_id}", dependencies=registry_guard(Permission.READ))
     def schema_by_id(schema_id: int, request: Request) -> dict[str, Any]:
         schema, schema_type = registry.get_schema(schema_id)
         out: dict[str, Any] = {"schema": schema}
@@ -176,21 +208,21 @@ def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
             out["maxId"] = registry.max_id()
         return out
 
-    @app.get("/schemas/ids/{schema_id}/schema")
+    @app.get("/schemas/ids/{schema_id}/schema", dependencies=registry_guard(Permission.READ))
     def raw_schema_by_id(schema_id: int) -> Response:
         return Response(registry.get_schema(schema_id)[0], media_type=CONTENT_TYPE)
 
-    @app.get("/schemas/ids/{schema_id}/versions")
+    @app.get("/schemas/ids/{schema_id}/versions", dependencies=registry_guard(Permission.READ))
     def schema_versions(schema_id: int, request: Request) -> list[dict[str, Any]]:
         found = registry.usages(schema_id, deleted=_flag(request, "deleted"))
         return [{"subject": v.subject, "version": v.version} for v in found]
 
-    @app.get("/schemas/ids/{schema_id}/subjects")
+    @app.get("/schemas/ids/{schema_id}/subjects", dependencies=registry_guard(Permission.READ))
     def schema_subjects(schema_id: int, request: Request) -> list[str]:
         found = registry.usages(schema_id, deleted=_flag(request, "deleted"))
         return list(dict.fromkeys(v.subject for v in found))
 
-    @app.get("/subjects")
+    @app.get("/subjects", dependencies=registry_guard(Permission.READ))
     def subjects(request: Request) -> list[str]:
         return registry.subjects(
             deleted=_flag(request, "deleted"),
@@ -198,82 +230,95 @@ def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
             prefix=request.query_params.get("subjectPrefix"),
         )
 
-    @app.post("/subjects/{subject}")
+    @app.post("/subjects/{subject}", dependencies=registry_guard(Permission.READ))
     def lookup(subject: str, request: Request, body: JsonBody) -> dict[str, Any]:
         schema, schema_type = _schema_of(body)
         found = registry.lookup(subject, schema, schema_type, deleted=_flag(request, "deleted"))
         return _version_json(found)
 
-    @app.delete("/subjects/{subject}")
+    @app.delete("/subjects/{subject}", dependencies=registry_guard(Permission.ADMIN))
     def delete_subject(subject: str, request: Request) -> list[int]:
         return registry.delete_subject(subject, permanent=_flag(request, "permanent"))
 
-    @app.get("/subjects/{subject}/versions")
+    @app.get("/subjects/{subject}/versions", dependencies=registry_guard(Permission.READ))
     def versions(subject: str, request: Request) -> list[int]:
         return registry.versions(
             subject, deleted=_flag(request, "deleted"), deleted_only=_flag(request, "deleted_only")
         )
 
-    @app.post("/subjects/{subject}/versions")
+    @app.post("/subjects/{subject}/versions", dependencies=registry_guard(Permission.DEPLOY))
     def register(subject: str, body: JsonBody) -> dict[str, Any]:
         schema, schema_type = _schema_of(body)
         return _version_json(registry.register(subject, schema, schema_type))
 
-    @app.get("/subjects/{subject}/versions/{version}")
+    @app.get("/subjects/{subject}/versions/{version}", dependencies=registry_guard(Permission.READ))
     def get_version(subject: str, version: str, request: Request) -> dict[str, Any]:
         found = registry.get_version(subject, version, deleted=_flag(request, "deleted"))
         return _version_json(found)
 
-    @app.get("/subjects/{subject}/versions/{version}/schema")
+    @app.get(
+        "/subjects/{subject}/versions/{version}/schema",
+        dependencies=registry_guard(Permission.READ),
+    )
     def get_raw_version(subject: str, version: str, request: Request) -> Response:
         found = registry.get_version(subject, version, deleted=_flag(request, "deleted"))
         return Response(found.schema, media_type=CONTENT_TYPE)
 
-    @app.get("/subjects/{subject}/versions/{version}/referencedby")
+    @app.get(
+        "/subjects/{subject}/versions/{version}/referencedby",
+        dependencies=registry_guard(Permission.READ),
+    )
     def referenced_by(subject: str, version: str) -> list[int]:
         registry.get_version(subject, version)
         return []  # schema references are not supported, so nothing can refer to a version
 
-    @app.delete("/subjects/{subject}/versions/{version}")
+    @app.delete(
+        "/subjects/{subject}/versions/{version}", dependencies=registry_guard(Permission.ADMIN)
+    )
     def delete_version(subject: str, version: str, request: Request) -> int:
         return registry.delete_version(subject, version, permanent=_flag(request, "permanent"))
 
-    @app.post("/compatibility/subjects/{subject}/versions/{version}")
+    @app.post(
+        "/compatibility/subjects/{subject}/versions/{version}",
+        dependencies=registry_guard(Permission.READ),
+    )
     def test_version(subject: str, version: str, request: Request, body: JsonBody) -> Any:
         schema, schema_type = _schema_of(body)
         problems = registry.test_compatibility(subject, schema, schema_type, version)
         return _compatibility_json(request, problems)
 
-    @app.post("/compatibility/subjects/{subject}/versions")
+    @app.post(
+        "/compatibility/subjects/{subject}/versions", dependencies=registry_guard(Permission.READ)
+    )
     def test_all(subject: str, request: Request, body: JsonBody) -> Any:
         schema, schema_type = _schema_of(body)
         problems = registry.test_compatibility(subject, schema, schema_type)
         return _compatibility_json(request, problems)
 
-    @app.get("/config")
+    @app.get("/config", dependencies=registry_guard(Permission.READ))
     def get_global_config() -> dict[str, str]:
         return {"compatibilityLevel": registry.get_compatibility()}
 
-    @app.put("/config")
+    @app.put("/config", dependencies=registry_guard(Permission.ADMIN))
     def put_global_config(body: JsonBody) -> dict[str, str]:
         return {"compatibility": registry.set_compatibility(None, _level_of(body))}
 
-    @app.delete("/config")
+    @app.delete("/config", dependencies=registry_guard(Permission.ADMIN))
     def delete_global_config() -> dict[str, str]:
         return {"compatibilityLevel": registry.delete_compatibility(None)}
 
-    @app.get("/config/{subject}")
+    @app.get("/config/{subject}", dependencies=registry_guard(Permission.READ))
     def get_config(subject: str, request: Request) -> dict[str, str]:
         level = registry.get_compatibility(
             subject, default_to_global=_flag(request, "defaultToGlobal")
         )
         return {"compatibilityLevel": level}
 
-    @app.put("/config/{subject}")
+    @app.put("/config/{subject}", dependencies=registry_guard(Permission.ADMIN))
     def put_config(subject: str, body: JsonBody) -> dict[str, str]:
         return {"compatibility": registry.set_compatibility(subject, _level_of(body))}
 
-    @app.delete("/config/{subject}")
+    @app.delete("/config/{subject}", dependencies=registry_guard(Permission.ADMIN))
     def delete_config(subject: str) -> dict[str, str]:
         return {"compatibilityLevel": registry.delete_compatibility(subject)}
 

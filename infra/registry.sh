@@ -25,6 +25,22 @@ registry_up() {
   fi
   wait_healthy registry "$REGISTRY_TIMEOUT" "$REGISTRY_PIDFILE" "$REGISTRY_LOG" registry_probe
   [[ -n "${pid:-}" ]] || log "registry: healthy ($((SECONDS - started))s)"
+  registry_credentials
+}
+
+# The registry authenticates every caller: this stack's own processes present the key that
+# `tidegate stack registry-credentials` keeps in $REGISTRY_DIR/client.env (keys live in PostgreSQL).
+registry_credentials() {
+  if ! enabled postgres; then
+    log "registry: no local credentials (postgres is not part of this stack)"
+    return 0
+  fi
+  local out
+  out=$("$STACK_BIN/tidegate" stack registry-credentials "$REGISTRY_DIR/client.env" 2>&1) || {
+    echo "$out" >&2
+    die "registry: the local credentials could not be made"
+  }
+  log "$out"
 }
 
 registry_stop() { stop_pid registry "$REGISTRY_PIDFILE" "$REGISTRY_DIR" "$REGISTRY_WORD" TERM; }

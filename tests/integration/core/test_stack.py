@@ -27,7 +27,12 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from tests.support import wait_for
-from tidegate.core.settings import PostgresSettings, RedisSettings, TopicSettings
+from tidegate.core.settings import (
+    PostgresSettings,
+    RedisSettings,
+    SchemaRegistrySettings,
+    TopicSettings,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 STACK = ["bash", str(REPO / "infra" / "stack.sh")]
@@ -223,8 +228,14 @@ def test_a_second_stack_runs_beside_the_main_one(
     row = next(line for line in status.stdout.splitlines() if " inference-requests " in line)
     assert re.search(r"\b4\b", row), row  # TIDEGATE_TOPICS_PARTITIONS reached the topics step
     assert f"127.0.0.1:{ports['kafka']}" in status.stdout
-    # This stack's own registry answers on its own port.
-    subjects = httpx.get(f"http://127.0.0.1:{ports['registry']}/subjects", timeout=10)
+    # This stack's own registry answers on its own port, to the key this stack made for it.
+    url = f"http://127.0.0.1:{ports['registry']}"
+    assert httpx.get(f"{url}/subjects", timeout=10).status_code == 401
+    own = SchemaRegistrySettings(url=url, local_credentials=var / "registry" / "client.env")
+    assert own.basic_auth_user is not None
+    assert own.basic_auth_password is not None
+    auth = (own.basic_auth_user, own.basic_auth_password.get_secret_value())
+    subjects = httpx.get(f"{url}/subjects", timeout=10, auth=auth)
     assert subjects.status_code == 200, subjects.text
 
     down = stack("down", env)

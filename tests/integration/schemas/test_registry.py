@@ -34,6 +34,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from tests.integration.schemas.registry_keys import basic_auth, issue_key, revoke_key
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings
@@ -67,8 +68,9 @@ def free_port() -> int:
 class RegistryProcess:
     """`tidegate registry` as a subprocess on its own port and state topic."""
 
-    def __init__(self, topic: str, log_dir: Path) -> None:
+    def __init__(self, topic: str, log_dir: Path, credentials: tuple[str, str]) -> None:
         self.topic = topic
+        self.credentials = credentials
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log_path = log_dir / f"{topic}.log"
@@ -110,7 +112,13 @@ class RegistryProcess:
             assert closed == self._graceful_stops, self._log_path.read_text()[-3000:]
 
     def client(self) -> SchemaRegistryClient:
-        return SchemaRegistryClient({"url": self.url})
+        """A client with the test's admin key (deletes and compatibility changes need one); the
+        registry verifies it against the stack's PostgreSQL."""
+        user, password = self.credentials
+        return SchemaRegistryClient({"url": self.url, "basic.auth.user.info": f"{user}:{password}"})
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, auth=self.credentials, timeout=10)
 
     def close(self) -> None:
         """Make sure no registry outlives its test, even one that failed half-way."""
@@ -129,10 +137,17 @@ def topics(admin: AdminClient) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="module")
+def schema_admin() -> Iterator[tuple[str, str]]:
+    key = issue_key("admin")
+    yield basic_auth(key)
+    revoke_key(key)
+
+
+@pytest.fixture(scope="module")
 def registry(
-    tmp_path_factory: pytest.TempPathFactory, topics: list[str]
+    tmp_path_factory: pytest.TempPathFactory, topics: list[str], schema_admin: tuple[str, str]
 ) -> Iterator[RegistryProcess]:
-    proc = RegistryProcess(unique("_schemas-it"), tmp_path_factory.mktemp("registry"))
+    proc = RegistryProcess(unique("_schemas-it"), tmp_path_factory.mktemp("registry"), schema_admin)
     topics.append(proc.topic)
     try:
         proc.start()
@@ -143,8 +158,10 @@ def registry(
 
 
 @pytest.fixture
-def restartable(tmp_path: Path, topics: list[str]) -> Iterator[RegistryProcess]:
-    proc = RegistryProcess(unique("_schemas-restart"), tmp_path)
+def restartable(
+    tmp_path: Path, topics: list[str], schema_admin: tuple[str, str]
+) -> Iterator[RegistryProcess]:
+    proc = RegistryProcess(unique("_schemas-restart"), tmp_path, schema_admin)
     topics.append(proc.topic)
     yield proc
     proc.close()
@@ -208,10 +225,11 @@ def test_backward_incompatible_is_409_and_compatible_is_version_2(
     assert refused.value.error_code == 409
     assert "tenant" in refused.value.error_message
 
-    verbose = httpx.post(
-        f"{registry.url}/compatibility/subjects/{subject}/versions?verbose=true",
-        json={"schema": NO_DEFAULT},
-    ).json()
+    with registry.http() as http:
+        verbose = http.post(
+            f"/compatibility/subjects/{subject}/versions?verbose=true",
+            json={"schema": NO_DEFAULT},
+        ).json()
     assert verbose["is_compatible"] is False
     assert any("field 'tenant'" in m and "no default" in m for m in verbose["messages"])
 
@@ -260,20 +278,24 @@ def test_errors_config_and_deletes(registry: RegistryProcess) -> None:
     assert code_of(client.get_versions, subject) == 40401
 
 
-def snapshot(url: str) -> dict[str, Any]:
+def snapshot(proc: RegistryProcess) -> dict[str, Any]:
     """Everything a client can see: subjects, versions (deleted too), ids, schemas, levels."""
+    with proc.http() as http:
 
-    def get(path: str) -> Any:
-        return httpx.get(f"{url}{path}", timeout=10).json()
+        def get(path: str) -> Any:
+            return http.get(path).json()
 
-    state: dict[str, Any] = {"config": get("/config"), "subjects": {}}
-    for subject in get("/subjects?deleted=true"):
-        versions = get(f"/subjects/{subject}/versions?deleted=true")
-        state["subjects"][subject] = {
-            "live": get(f"/subjects/{subject}/versions") if subject in get("/subjects") else [],
-            "versions": [get(f"/subjects/{subject}/versions/{v}?deleted=true") for v in versions],
-            "config": get(f"/config/{subject}"),
-        }
+        state: dict[str, Any] = {"config": get("/config"), "subjects": {}}
+        for subject in get("/subjects?deleted=true"):
+            versions = get(f"/subjects/{subject}/versions?deleted=true")
+            live = get(f"/subjects/{subject}/versions") if subject in get("/subjects") else []
+            state["subjects"][subject] = {
+                "live": live,
+                "versions": [
+                    get(f"/subjects/{subject}/versions/{v}?deleted=true") for v in versions
+                ],
+                "config": get(f"/config/{subject}"),
+            }
     return state
 
 
@@ -293,12 +315,12 @@ def test_restart_keeps_subjects_versions_and_ids(
     client.set_compatibility(level="FULL")
     client.delete_version(a, 1)
     client.delete_subject(c)
-    before = snapshot(proc.url)
+    before = snapshot(proc)
     assert before["subjects"][b]["versions"][0]["id"] == before["subjects"][a]["versions"][1]["id"]
 
     proc.stop(kill)
     proc.start()
-    assert snapshot(proc.url) == before
+    assert snapshot(proc) == before
 
     # Allocation carries on from the rebuilt state rather than reusing ids or versions.
     client = proc.client()

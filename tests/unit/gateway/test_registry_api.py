@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tidegate.gateway.authn import INSECURE, Authenticator
 from tidegate.gateway.problems import registry_http_status as http_status
 from tidegate.gateway.registry_api import CONTENT_TYPE, create_app
 from tidegate.schemas.registry import MemoryLog, SchemaRegistry
@@ -35,7 +36,9 @@ def log() -> MemoryLog:
 
 @pytest.fixture
 def client(log: MemoryLog) -> Iterator[TestClient]:
-    with TestClient(create_app(SchemaRegistry(log))) as test_client:
+    # What the registry does; who may do it is tests/unit/gateway/test_registry_auth.py's.
+    admin = Authenticator.fixed(INSECURE)
+    with TestClient(create_app(SchemaRegistry(log), authenticator=admin)) as test_client:
         yield test_client
 
 
@@ -268,7 +271,9 @@ def test_not_ready_answers_50003() -> None:
         def ready(self) -> bool:
             return False
 
-    client = TestClient(create_app(SchemaRegistry(LoadingLog())))
+    client = TestClient(
+        create_app(SchemaRegistry(LoadingLog()), authenticator=Authenticator.fixed(INSECURE))
+    )
     assert error_of(client.get("/subjects"))[:2] == (503, 50003)
     assert error_of(client.get("/_health"))[:2] == (503, 50003)
 
