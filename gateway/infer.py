@@ -51,7 +51,7 @@ from tidegate.gateway.http_errors import (
     StoreUnavailableError,
 )
 from tidegate.gateway.identity import Identity
-from tidegate.gateway.publisher import Ack
+from tidegate.gateway.publisher import Delivery
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.responses import OutputPrefs
 from tidegate.schemas.requests import fallback_allowed
@@ -65,6 +65,8 @@ _log = logging.getLogger(__name__)
 
 # The marker's flag of an asynchronous request whose publish is not acknowledged yet.
 _PUBLISHING = "publishing"
+# How often a call past its deadline looks again for Kafka's late acknowledgement.
+_ACK_LATE_S = 0.05
 # A synchronous call's reservation of the id its caller chose outlasts its wait by this much:
 # a 504 turns it into the kept marker within it.
 _RESERVE_S = 5.0
@@ -375,8 +377,8 @@ class Inference:
             raise
         reply = self._router.expect(request_id, owner, nonce)
         try:
-            ack = self._services.publisher.submit(record, lane)
-            deadline = _Deadline(reply, ack, wait_s, request_id)
+            deadline = _Deadline(reply, wait_s, request_id)
+            deadline.arm(self._services.publisher.send(record, lane, deadline.failed))
             try:
                 return await reply
             finally:
@@ -454,36 +456,42 @@ def _meta(
 
 class _Deadline:
     """Ends a synchronous call's wait for its reply when the publish fails, or at the deadline once
-    Kafka has acknowledged the request (if the ack is late, when it comes)."""
+    Kafka has acknowledged the request (if the ack is late, once it comes: the deadline looks again
+    every `_ACK_LATE_S`). A successful publish costs the loop nothing: its acknowledgement is a flag
+    on `delivery`, read only here."""
 
-    __slots__ = ("_ack", "_overdue", "_reply", "_request_id", "_timer", "_wait_s")
+    __slots__ = ("_delivery", "_reply", "_request_id", "_timer", "_wait_s")
 
-    def __init__(self, reply: Reply, ack: Ack, wait_s: float, request_id: str) -> None:
+    def __init__(self, reply: Reply, wait_s: float, request_id: str) -> None:
         self._reply = reply
-        self._ack = ack
         self._wait_s = wait_s
         self._request_id = request_id
-        self._overdue = False
-        ack.add_done_callback(self._acked)
-        self._timer = asyncio.get_running_loop().call_later(wait_s, self._passed)
+        self._delivery: Delivery | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self, delivery: Delivery) -> None:
+        """The request is enqueued: its deadline runs from now."""
+        self._delivery = delivery
+        self._timer = asyncio.get_running_loop().call_later(self._wait_s, self._passed)
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
-    def _acked(self, ack: Ack) -> None:
-        # Reading the exception here also keeps a publish that fails after its reply came from
-        # being logged as a never-retrieved error.
-        error = None if ack.cancelled() else ack.exception()
-        if error is not None:
-            self._end(error)
-        elif self._overdue:
-            self._end(self._timeout())
+    def failed(self, error: Exception) -> None:
+        """The publish failed (on the loop): the call ends with it."""
+        self._end(error)
 
     def _passed(self) -> None:
-        if not self._ack.done():
-            self._overdue = True
-        elif not self._ack.cancelled() and self._ack.exception() is None:
+        delivery = self._delivery
+        if delivery is None or delivery.error is not None:
+            return  # ended by its failure already
+        if delivery.acked:
             self._end(self._timeout())
+        else:
+            # Kafka does not have it yet: a 504 now would promise a fetch of a request that may
+            # never be taken. librdkafka settles it within `publish_timeout_s`.
+            self._timer = asyncio.get_running_loop().call_later(_ACK_LATE_S, self._passed)
 
     def _timeout(self) -> ResultTimeoutError:
         # The request's deadline is this wait (or earlier): a worker that reaches it later

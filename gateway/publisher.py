@@ -35,6 +35,7 @@ import json
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -57,12 +58,34 @@ from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicS
 from tidegate.core.tracing import TRACING_OFF, Tracing
 from tidegate.gateway.gateway_settings import GatewaySettings
 
-__all__ = ["Ack", "KafkaPublisher", "RequestPublisher", "producer_options", "record_limit"]
+__all__ = [
+    "Ack",
+    "Delivery",
+    "KafkaPublisher",
+    "RequestPublisher",
+    "producer_options",
+    "record_limit",
+]
 
 _log = logging.getLogger(__name__)
 
 Ack = asyncio.Future[None]
 """Done when the broker has the request; failed with `PublishError` when it did not take it."""
+Failed = Callable[[Exception], None]
+
+
+class Delivery:
+    """A synchronous call's acknowledgement, kept off the event loop: `acked` turns true on the
+    producer's thread once the broker has the request, which wakes nothing (the call's deadline
+    reads it, if it ever comes); only a failure reaches the loop, through the `on_failure` given
+    to `send`. An Ack future would cost the loop a wake-up and two callbacks per call."""
+
+    __slots__ = ("acked", "error")
+
+    def __init__(self) -> None:
+        self.acked = False
+        self.error: Exception | None = None
+
 
 # What a one-record batch adds to the record on the broker (batch and record headers), and what
 # lz4 may add to incompressible data (1/255 of it): the topic's limit applies to that batch.
@@ -106,6 +129,24 @@ class RequestPublisher(ABC):
     async def publish(self, record: dict[str, Any], lane: Lane = "realtime") -> None:
         """Return once the broker has the request; `PublishError` if it does not take it."""
         await self.submit(record, lane)
+
+    def send(self, record: dict[str, Any], lane: Lane, on_failure: Failed) -> Delivery:
+        """Enqueue like `submit`, for a caller that only needs to hear of a failure (on the
+        loop, through `on_failure`) and may look at `Delivery.acked` later."""
+        delivery = Delivery()
+
+        def settled(ack: Ack) -> None:
+            if ack.cancelled():
+                return
+            error = ack.exception()
+            if error is None:
+                delivery.acked = True
+            elif isinstance(error, Exception):
+                delivery.error = error
+                on_failure(error)
+
+        self.submit(record, lane).add_done_callback(settled)
+        return delivery
 
     def check(self) -> None:
         """Raise `PublishError` at once while nothing could be delivered."""
@@ -244,10 +285,7 @@ class KafkaPublisher(RequestPublisher):
         self._connected = False
 
     def submit(self, record: dict[str, Any], lane: Lane = "realtime") -> Ack:
-        self.check()
-        producer = self._running()
-        if lane == "batch" and self._no_batch is not None:
-            raise PublishError(self._no_batch)
+        producer = self._ready(lane)
         loop = asyncio.get_running_loop()
         acked: Ack = loop.create_future()
 
@@ -257,20 +295,54 @@ class KafkaPublisher(RequestPublisher):
         producer.publish_record(record, on_delivery=settle, lane=lane)
         return acked
 
-    def _resolve(self, future: Ack, error: Exception | None) -> None:
+    def send(self, record: dict[str, Any], lane: Lane, on_failure: Failed) -> Delivery:
+        producer = self._ready(lane)
+        loop = asyncio.get_running_loop()
+        delivery = Delivery()
+
+        def settle(_request_id: str, error: Exception | None) -> None:
+            # On the producer's thread (or the loop's, from publish_record's own poll): a
+            # success is a flag, and only a failure wakes the loop.
+            if error is None:
+                delivery.acked = True
+                self._connected = True
+            else:
+                loop.call_soon_threadsafe(self._failed, delivery, on_failure, error)
+
+        producer.publish_record(record, on_delivery=settle, lane=lane)
+        return delivery
+
+    def _ready(self, lane: Lane) -> TidegateProducer:
+        self.check()
+        producer = self._running()
+        if lane == "batch" and self._no_batch is not None:
+            raise PublishError(self._no_batch)
+        return producer
+
+    def _failed(self, delivery: Delivery, on_failure: Failed, error: Exception) -> None:
+        self._note(error)
+        delivery.error = _publish_error(error)
+        on_failure(delivery.error)
+
+    def _note(self, error: Exception | None) -> None:
         if error is None:
             self._connected = True
         elif not isinstance(error, RecordTooLargeError):
             # Timed out, or the brokers refused: the next calls would fare no better until the
             # statistics show a broker back.
             self._down(str(error))
+
+    def _resolve(self, future: Ack, error: Exception | None) -> None:
+        self._note(error)
         if future.done():
             return
         if error is None:
             future.set_result(None)
         else:
-            future.set_exception(
-                error
-                if isinstance(error, PublishError | RecordTooLargeError)
-                else PublishError(str(error))
-            )
+            future.set_exception(_publish_error(error))
+
+
+def _publish_error(error: Exception) -> Exception:
+    return (
+        error if isinstance(error, PublishError | RecordTooLargeError) else PublishError(str(error))
+    )

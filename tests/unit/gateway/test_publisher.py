@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -104,3 +105,52 @@ def test_the_producer_lingers_as_configured() -> None:
     assert options["linger.ms"] == 3
     assert options["message.timeout.ms"] == 2000
     assert options["batch.size"] == options["message.max.bytes"] == 5000
+
+
+class _Producer:
+    """Takes `publish_record` calls; each one's delivery report is sent by the test."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+
+    def publish_record(self, record: Any, on_delivery: Any, lane: Any = None) -> None:
+        self.reports.append(on_delivery)
+
+
+def on_thread(report: Any, *args: Any) -> None:
+    thread = threading.Thread(target=report, args=args)
+    thread.start()
+    thread.join()
+
+
+async def test_an_acknowledged_send_wakes_nothing_and_a_failed_one_ends_its_call() -> None:
+    pub = publisher()
+    producer = _Producer()
+    pub._producer = producer  # type: ignore[assignment]
+    pub._connected = True
+    failures: list[Exception] = []
+    ok = pub.send({"request_id": "a"}, "realtime", failures.append)
+    bad = pub.send({"request_id": "b"}, "realtime", failures.append)
+    loop = asyncio.get_running_loop()
+    woken: list[object] = []
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        woken.append(args[0])
+        return threadsafe(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+    try:
+        # Delivery reports come on the producer's thread.
+        on_thread(producer.reports[0], "a", None)
+        assert ok.acked
+        assert woken == [], "an acknowledgement is a flag: the loop is not woken for it"
+        on_thread(producer.reports[1], "b", RuntimeError("Local: Message timed out"))
+        await asyncio.sleep(0)
+    finally:
+        loop.call_soon_threadsafe = threadsafe  # type: ignore[method-assign]
+    assert len(woken) == 1
+    assert not bad.acked
+    assert isinstance(bad.error, PublishError)
+    assert failures == [bad.error]
+    assert not pub.connected, "a failed delivery marks Kafka unreachable"
