@@ -8,6 +8,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
@@ -15,6 +16,7 @@ T = TypeVar("T")
 __all__ = [
     "TRANSIENT",
     "WaitTimeoutError",
+    "alive",
     "eventually",
     "free_port",
     "retry_later",
@@ -134,6 +136,15 @@ async def eventually(
             if value:
                 return value
         await asyncio.sleep(poll.pause())
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: a zombie does not (nothing reaps orphans in some containers)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def retry_later(response: Any) -> bool:

@@ -13,16 +13,16 @@ import numpy as np
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from tests.bench.bench_pg import scratch_schema
-from tests.integration.gateway.gateway_fixtures import (
-    GatewayServer,
-    append_lifecycle,
-    gateway_topics,
-)
-from tests.integration.gateway.test_edge_faults import (
+from tests.integration.gateway.edge_support import (
     PUBLISH_TIMEOUT_S,
     calls_while_kafka_is_down,
     config_of,
     publishing_to,
+)
+from tests.integration.gateway.gateway_fixtures import (
+    GatewayServer,
+    append_lifecycle,
+    gateway_topics,
 )
 from tests.integration.own_broker import own_broker
 from tests.support import unique

@@ -25,7 +25,7 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tests.bench.bench_pg import scratch_schema
-from tests.integration.agents.test_takeover import (
+from tests.integration.agents.takeover_support import (
     BAR_S,
     CLASSIC_OLD,
     FAST,

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,12 @@ SERVED = (("fraud", "1"), ("fraud-lite", "1"), ("minilm", "1"))
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+# The `pipeline` fixture's whole set-up (building the models, the CLI's steps, the processes'
+# starts) has this budget; each step waits at most what is left of it. pytest-timeout counts the
+# set-up in the first test's time, so every e2e test's own limit is the budget and 10 minutes
+# more: a slow set-up fails with the step's own message.
+SETUP_S = 1200.0
+E2E_TIMEOUT_S = SETUP_S + 600
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -34,6 +41,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+
+
+class Budget:
+    """What is left of a deadline, for each step to wait at most that (or its own cap)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._deadline = time.monotonic() + seconds
+
+    def left(self, cap: float) -> float:
+        remaining = self._deadline - time.monotonic()
+        assert remaining > 0, f"the pipeline's set-up ran past its {SETUP_S:.0f} s"
+        return min(cap, remaining)
 
 
 @dataclass
@@ -70,15 +90,15 @@ class Pipeline:
         found: object = json.loads(_checked(done, args))
         return found
 
-    def register(self, package: str, name: str, version: str) -> None:
+    def register(self, package: str, name: str, version: str, timeout: float = 900) -> None:
         _cli(self.env, "models", "register", f"var/packages/{package}", "--name", name,
-             "--version", version)  # fmt: skip
+             "--version", version, timeout=timeout)  # fmt: skip
 
     def children(self) -> list[Child]:
         extra = [c for c in (self.gateway, self.controller) if c is not None]
         return [*self.workers, *extra]
 
-    def start_worker(self, name: str) -> Child:
+    def start_worker(self, name: str, timeout: float = 180) -> Child:
         port = free_port()
         child = spawn(
             name,
@@ -86,7 +106,7 @@ class Pipeline:
             self.run_dir,
             self.env,
         )
-        wait_http(f"http://127.0.0.1:{port}/metrics", child, 180)
+        wait_http(f"http://127.0.0.1:{port}/metrics", child, timeout)
         self.workers.append(child)
         self.metrics_ports[name] = port
         return child
@@ -136,28 +156,33 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         "TIDEGATE_WORKER_GROUP_ID": f"{prefix}-workers",
         "TIDEGATE_GATEWAY_PORT": str(port),
     }
-    _cli(env, "models", "build")
-    _cli(env, "stack", "topics")
-    _cli(env, "schemas", "register")
+    budget = Budget(SETUP_S)
+    _cli(env, "models", "build", timeout=budget.left(900))
+    _cli(env, "stack", "topics", timeout=budget.left(300))
+    _cli(env, "schemas", "register", timeout=budget.left(300))
     migrate(PostgresSettings(db_schema=schema))
     pipe = Pipeline(env, f"http://127.0.0.1:{port}", tmp_path_factory.mktemp("pipeline"))
-    issued = json.loads(_cli(env, "auth", "keys", "create", "e2e", "--role", "infer", "--json"))
+    issued = json.loads(
+        _cli(env, "auth", "keys", "create", "e2e", "--role", "infer", "--json",
+             timeout=budget.left(300))
+    )  # fmt: skip
     pipe.key = str(issued["key"])
     try:
         for name, version in SERVED:
-            pipe.register(f"{name}/{version}", name, version)
-            _cli(env, "models", "promote", name, version)
+            pipe.register(f"{name}/{version}", name, version, timeout=budget.left(900))
+            _cli(env, "models", "promote", name, version, timeout=budget.left(300))
         pipe.controller = spawn(
             "controller", ["controller", "--group-id", f"{prefix}-indexer"], pipe.run_dir, env
         )
-        pipe.start_worker("e2e-w1")
-        pipe.start_worker("e2e-w2")
+        pipe.start_worker("e2e-w1", timeout=budget.left(180))
+        pipe.start_worker("e2e-w2", timeout=budget.left(180))
         # As shipped: authentication on, the default admission objective.
         pipe.gateway = spawn("gateway", ["gateway"], pipe.run_dir, env)
-        wait_http(f"{pipe.base_url}/v2/health/ready", pipe.gateway, 120)
+        wait_http(f"{pipe.base_url}/v2/health/ready", pipe.gateway, budget.left(120))
         # Ready for a model means a worker reported it loaded and warm, not that time passed.
         for name, _ in SERVED:
-            wait_http(f"{pipe.base_url}/v2/models/{name}/ready", pipe.gateway, 180, pipe.headers)
+            ready = f"{pipe.base_url}/v2/models/{name}/ready"
+            wait_http(ready, pipe.gateway, budget.left(180), pipe.headers)
         yield pipe
     finally:
         for child in pipe.children():

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.infra.test_kafka_cluster import alive
-from tests.support import wait_for
+from tests.support import alive, wait_for
 from tidegate.core.settings import KafkaSettings
 
 __all__ = ["Broker", "broker", "fixed_ports", "own_broker"]

@@ -21,7 +21,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support import wait_for
-from tests.unit.agents.test_dataplane import lifecycle_state, registered
+from tests.unit.agents.dataplane_support import lifecycle_state, registered
+from tests.unit.auth_fixtures import MemoryKeyStore
 from tidegate.clients.producer import Lane, PublishError
 from tidegate.gateway.app import create_app
 from tidegate.gateway.auth_settings import AuthSettings
@@ -29,6 +30,7 @@ from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.backends import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
+from tidegate.gateway.key_verifier import KeyVerifier
 from tidegate.gateway.model_catalog import ModelCatalog
 from tidegate.gateway.publisher import Ack, RequestPublisher
 from tidegate.gateway.replies import Deliver, ReplyFeed
@@ -295,6 +297,13 @@ class Harness:
             self.config, lambda _config: self.services, authenticator=self.authenticator
         )
         return TestClient(app)
+
+
+def secured(tmp_path: Path, store: MemoryKeyStore) -> Harness:
+    """A harness whose gateway checks API keys against `store`."""
+    harness = Harness(tmp_path)
+    harness.authenticator = Authenticator(AuthSettings(), keys=KeyVerifier(store, ttl_s=2.0))
+    return harness
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from tests.integration import workers
 from tests.integration.workers import SIGNATURE, Reader, Stack, in_thread, publish, request
 from tests.support import unique, wait_for
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
@@ -45,10 +44,8 @@ from tidegate.schemas.catalog import BREAKER_STATE, load_schema, topic_subjects
 from tidegate.schemas.codec import AvroDecoder
 from tidegate.schemas.registration import RegistryHttp, register_all
 
-models = workers.models
 CLI = (sys.executable, "-m", "tidegate.cli")
 WHY = "lite is close enough"
-stack = workers.stack
 
 BREAKER = BreakerSettings(min_calls=10, window_s=10.0, open_s=2.0, max_open_s=4.0, probes=2)
 # Every failure answers its caller at once: the test follows each request to its result.

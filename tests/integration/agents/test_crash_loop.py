@@ -8,14 +8,10 @@ import subprocess
 import sys
 import time
 
-from tests.integration import workers
 from tests.integration.crash_worker import CRASH, CRASH_EXIT
 from tests.integration.workers import ROOT, Reader, Stack, publish, request, stop_workers
 from tests.support import unique, wait_for
 from tidegate.models.model_settings import ModelSettings
-
-models = workers.models
-stack = workers.stack
 
 
 def test_a_message_that_kills_the_worker_every_time_is_quarantined_and_the_partition_moves_on(

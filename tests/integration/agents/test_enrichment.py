@@ -18,7 +18,6 @@ import pytest
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
-from tests.integration import workers
 from tests.integration.conftest import REPO
 from tests.integration.workers import Reader, Stack, in_thread, publish
 from tests.support import unique
@@ -36,8 +35,6 @@ from tidegate.models.store import LocalArtifactStore
 from tidegate.schemas.requests import build_request
 from tidegate.schemas.tensors import to_numpy
 
-models = workers.models
-stack = workers.stack
 NAMES = tuple(f"f{i:02d}" for i in range(64))
 ROWS = 6
 WRITTEN_AT = 1_767_225_600_123  # 2026-01-01T00:00:00.123Z

@@ -15,16 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from tests.integration import workers
 from tests.integration.workers import SIGNATURE, Reader, Stack, in_thread, publish, request, running
 from tidegate.agents.loaded import LoadedModel
 from tidegate.core.errors import ModelUnavailableError
 from tidegate.dlq.failure_settings import FailureSettings, ModelFailurePolicy
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
-
-models = workers.models
-stack = workers.stack
 
 FLAKY, DOOMED, HANG = 7.0, 13.0, 99.0
 

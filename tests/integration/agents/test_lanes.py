@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-from tests.integration import workers
 from tests.integration.workers import (
     SIGNATURE,
     Reader,
@@ -27,9 +26,6 @@ from tidegate.clients.producer import Lane, TidegateProducer
 from tidegate.core.kafka import make_admin
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
-
-models = workers.models
-stack = workers.stack
 
 FEATURES = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
 

@@ -18,7 +18,6 @@ import numpy.typing as npt
 import pytest
 from redis.asyncio import Redis
 
-from tests.integration import workers
 from tests.integration.workers import (
     Reader,
     Stack,
@@ -41,8 +40,6 @@ from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
 from tidegate.schemas.tensors import to_numpy
 
-models = workers.models
-stack = workers.stack
 FEATURES = [0.5, -1.0, 2.0, 0.25]
 
 

@@ -9,15 +9,11 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from tests.integration import workers
 from tests.integration.workers import Reader, Stack, in_thread, publish, request, running
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_consumer
 from tidegate.models.model_settings import ModelSettings
 from tidegate.schemas.requests import SUBMISSION_HEADER
-
-models = workers.models
-stack = workers.stack
 
 
 def records_of(stack: Stack, topic: str, partitions: int) -> Consumer:

@@ -15,7 +15,6 @@ import numpy as np
 from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from tests.integration import workers
 from tests.integration.workers import (
     Reader,
     Stack,
@@ -33,8 +32,6 @@ from tidegate.lifecycle.eventstore.event_codec import ShadowComparisonCodec
 from tidegate.models.model_settings import ModelSettings
 
 # The worker tests' fixtures: a store with tiny 1 and 2, topics and a schema, tiny 1 promoted.
-models = workers.models
-stack = workers.stack
 
 N = 600
 TOLERANCE = 0.06  # the share of 600 sticky hashes stays well within 6 points of the weight

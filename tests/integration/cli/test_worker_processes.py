@@ -23,13 +23,9 @@ import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from tests.integration import workers
 from tests.integration.workers import ROOT, Reader, Stack, publish, request
 from tests.support import unique, wait_for
 from tidegate.models.model_settings import ModelSettings
-
-models = workers.models
-stack = workers.stack
 
 
 @dataclass

@@ -23,7 +23,6 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from pydantic import SecretStr
 
-from tests.integration import workers
 from tests.integration.workers import (
     ROOT,
     Reader,
@@ -38,9 +37,6 @@ from tests.support import unique, wait_for
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings
 from tidegate.models.model_settings import ModelSettings
-
-models = workers.models
-stack = workers.stack
 
 TLS = Path(os.environ.get("TIDEGATE_STACK_VAR", ROOT / "var")) / "kafka" / "tls"
 PREFIX = "TIDEGATE_KAFKA_"

@@ -26,7 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from tests.support import wait_for
+from tests.support import alive, wait_for
 from tidegate.core.settings import (
     PostgresSettings,
     RedisSettings,
@@ -55,14 +55,6 @@ def stack(
 
 def pids(var: Path) -> dict[str, int]:
     return {p.stem: int(p.read_text().split()[0]) for p in (var / "run").glob("*.pid")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 def port_open(port: int) -> bool:
@@ -203,6 +195,8 @@ def second_stack() -> Iterator[tuple[dict[str, str], Path, dict[str, int]]]:
         shutil.rmtree(var, ignore_errors=True)
 
 
+# Three `stack.sh` runs of up to 150 s each: more than the default.
+@pytest.mark.timeout(600)
 def test_a_second_stack_runs_beside_the_main_one(
     second_stack: tuple[dict[str, str], Path, dict[str, int]],
 ) -> None:

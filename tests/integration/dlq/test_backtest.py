@@ -18,7 +18,6 @@ from tests.integration.dlq.replay_fixtures import (
     Recorded,
     iso,
     onnx_probabilities,
-    recorded,
 )
 from tidegate.cli import app
 from tidegate.cli.backtest_commands import run_backtest
@@ -26,8 +25,6 @@ from tidegate.core.db import make_pool
 from tidegate.dlq.replay_settings import ReplaySettings
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.lifecycle.readmodels.backtests import latest_backtest
-
-__all__ = ["recorded"]
 
 
 def direct_agreement(recorded: Recorded) -> tuple[float, int]:

@@ -10,12 +10,9 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from tests.integration.dlq import dlq_fixtures
 from tests.integration.dlq.dlq_fixtures import DlqStack, read_all
 from tidegate.cli import app
 from tidegate.core.errors import ModelExecutionError
-
-dlq_stack = dlq_fixtures.dlq_stack
 
 
 def env(stack: DlqStack) -> dict[str, str]:

@@ -13,14 +13,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.integration.dlq import dlq_fixtures
 from tests.integration.dlq.dlq_fixtures import DlqStack, read_all
 from tidegate.core.errors import InvalidInputError, ModelExecutionError
 from tidegate.gateway.authn import INSECURE, Authenticator, install_authenticator
 from tidegate.gateway.dlq_api import DlqService, install_dlq
 from tidegate.gateway.problems import PROBLEM_JSON
-
-dlq_stack = dlq_fixtures.dlq_stack
 
 
 def write(stack: DlqStack) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.dlq import dlq_fixtures
 from tests.integration.dlq.dlq_fixtures import DlqStack
 from tidegate.core.errors import (
     DeadlineExceededError,
@@ -25,8 +24,6 @@ from tidegate.core.errors import (
 )
 from tidegate.dlq.inspect import DeadLetterReader, find_letter, letter_stats, list_letters
 from tidegate.dlq.letters import UNKNOWN, UNREADABLE, LetterFilter, letter_view
-
-dlq_stack = dlq_fixtures.dlq_stack
 
 MINUTE = 60_000
 

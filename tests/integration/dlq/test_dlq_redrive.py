@@ -12,7 +12,6 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Message
 
-from tests.integration.dlq import dlq_fixtures
 from tests.integration.dlq.dlq_fixtures import DlqStack, backlog, read_all
 from tidegate.core.errors import InvalidInputError, WireFormatError
 from tidegate.dlq.inspect import list_letters
@@ -20,8 +19,6 @@ from tidegate.dlq.letters import LetterFilter
 from tidegate.dlq.redelivery import ATTEMPT, HISTORY, ORIGIN
 from tidegate.dlq.redrive import Redrive
 from tidegate.dlq.redrive_report import RedriveOptions, RedriveProgress
-
-dlq_stack = dlq_fixtures.dlq_stack
 
 
 def headers_of(msg: Message) -> dict[str, bytes]:

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from tests.integration import workers
 from tests.integration.workers import (
     SIGNATURE,
     Reader,
@@ -24,9 +23,6 @@ from tidegate.dlq.redrive import Redrive
 from tidegate.dlq.redrive_report import RedriveOptions
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
-
-models = workers.models
-stack = workers.stack
 
 
 class NegativeShyRuntime(ModelRuntime):

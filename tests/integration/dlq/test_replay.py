@@ -26,7 +26,6 @@ from tests.integration.dlq.replay_fixtures import (
     create_topics,
     iso,
     onnx_probabilities,
-    recorded,
 )
 from tests.support import unique
 from tidegate.agents.offline import OfflineScorer
@@ -45,8 +44,6 @@ from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.schemas.catalog import DEAD_LETTER_ENVELOPE, load_schema
 from tidegate.schemas.codec import AvroEncoder
 from tidegate.schemas.tensors import to_numpy
-
-__all__ = ["recorded"]
 
 
 @pytest.fixture

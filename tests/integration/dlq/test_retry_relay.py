@@ -9,7 +9,6 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from tests.integration import workers
 from tests.integration.workers import Reader, Stack
 from tests.support import unique, wait_for
 from tidegate.core.errors import ModelUnavailableError
@@ -19,9 +18,6 @@ from tidegate.dlq.redelivery import read_lineage
 from tidegate.dlq.retry_relay import RetryRelay
 from tidegate.schemas.catalog import DEAD_LETTER_ENVELOPE, load_schema
 from tidegate.schemas.codec import AvroEncoder
-
-models = workers.models
-stack = workers.stack
 
 
 def waiting(stack: Stack, name: str, partition: int, due_ms: int) -> dict[str, Any]:

@@ -26,7 +26,6 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
 from tests.support import unique, wait_for
 from tidegate.core.settings import (
@@ -51,9 +50,6 @@ from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
-
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
 
 
 @pytest.fixture

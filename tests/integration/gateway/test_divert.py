@@ -19,7 +19,6 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from redis import Redis
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import (
     GatewayServer,
     ProtocolGateway,
@@ -51,8 +50,6 @@ from tidegate.schemas.prediction_keys import encode_outputs, prediction_key
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.requests import FALLBACK_OF
 from tidegate.schemas.tensors import from_numpy
-
-lifecycle = gateway_fixtures.lifecycle
 
 
 @pytest.fixture

@@ -35,57 +35,25 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     ResourceType,
 )
 
-from tests.integration import own_broker, workers
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
+from tests.integration.gateway.edge_support import (
+    ASYNC,
+    INFER,
+    PUBLISH_TIMEOUT_S,
+    calls_while_kafka_is_down,
+    config_of,
+    publishing_to,
+)
 from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
 from tests.integration.own_broker import Broker
 from tests.integration.workers import Stack, running
 from tests.support import retry_later, unique, wait_for
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig, GatewayServices, kafka_services
-from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.publisher import KafkaPublisher
 from tidegate.models.model_settings import ModelSettings
-
-broker = own_broker.broker
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
-models = workers.models
-stack = workers.stack
 
 REPO = Path(__file__).resolve().parents[3]
 STACK = ["bash", str(REPO / "infra" / "stack.sh")]
-INFER = "/v2/models/fraud/infer"
-ASYNC = {"Prefer": "respond-async"}
-
-
-def config_of(
-    kafka: KafkaSettings, topics: TopicSettings, registry: SchemaRegistrySettings, **gateway: Any
-) -> GatewayConfig:
-    return GatewayConfig(
-        gateway=GatewaySettings(replica_id=unique("replica"), admin=False, **gateway),
-        kafka=kafka,
-        topics=topics,
-        registry=registry,
-        auth=AuthSettings(enabled=False),  # not about authentication (test_auth.py is)
-    )
-
-
-def publishing_to(kafka: KafkaSettings) -> Callable[[GatewayConfig], GatewayServices]:
-    """The real services, with the publisher configured from the gateway's settings and
-    publishing to `kafka`."""
-
-    def build(config: GatewayConfig) -> GatewayServices:
-        services = kafka_services(config)
-        services.publisher = KafkaPublisher(
-            kafka, config.topics, config.registry, gateway=config.gateway
-        )
-        return services
-
-    return build
 
 
 @pytest.fixture
@@ -268,35 +236,8 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(values, 99))
 
 
-PUBLISH_TIMEOUT_S = 3.0
-
-
-def calls_while_kafka_is_down(server: GatewayServer, broker: Broker) -> tuple[float, list[float]]:
-    """Kill `broker`, the one `server` publishes to; once its readiness says so, 200 calls (every
-    fourth asynchronous), each refused 503 PUBLISH_FAILED: how long readiness took to notice, and
-    each call's latency. `python -m tests.bench kafka_down` runs it too, for the latencies' bar."""
-    broker.kill()
-    killed = time.monotonic()
-    wait_for(
-        lambda: server.http.get("/v2/health/ready").status_code == 503,
-        timeout=10,
-        interval=0.02,
-        what="readiness to see Kafka gone",
-    )
-    noticed_s = time.monotonic() - killed
-    latencies: list[float] = []
-    for i in range(200):
-        headers = {"Request-Timeout": "5", **(ASYNC if i % 4 == 3 else {})}
-        sent = time.perf_counter()
-        resp = server.http.post(INFER, json=fraud_body(id=unique("down")), headers=headers)
-        latencies.append(time.perf_counter() - sent)
-        assert resp.status_code == 503, resp.text
-        assert resp.headers["retry-after"] == "1"
-        problem = resp.json()
-        assert (problem["code"], problem["retriable"]) == ("PUBLISH_FAILED", True), problem
-    return noticed_s, latencies
-
-
+# The broker's start and restart (180 s each at most) and the gateway's (90 s): past the default.
+@pytest.mark.timeout(600)
 def test_kafka_down_is_503_at_once_and_recovery_needs_no_restart(
     gateway: Callable[..., GatewayServer],
     broker: Broker,

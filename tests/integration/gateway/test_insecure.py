@@ -10,15 +10,11 @@ from pathlib import Path
 import httpx
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import fraud_body, spawn_gateway
 from tests.support import unique
 from tidegate.cli.procs import wait_http
 from tidegate.core.settings import TopicSettings
 from tidegate.gateway.routes import INSECURE_HEADER
-
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
 
 
 def test_insecure_lets_anyone_in_and_says_so(

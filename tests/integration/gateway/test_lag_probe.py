@@ -17,12 +17,11 @@ import threading
 import time
 from pathlib import Path
 
-from tests.integration import own_broker
+import pytest
+
 from tests.integration.own_broker import Broker
 from tests.support import wait_for
 from tidegate.core.kafka import make_producer
-
-broker = own_broker.broker
 
 PROBE = """
 import asyncio, sys, time
@@ -89,6 +88,8 @@ def passed(since: float, seconds: float) -> bool:
     return time.time() - since > seconds
 
 
+# The broker's start (180 s at most) and two outages (330 s each at most): more than the default.
+@pytest.mark.timeout(1000)
 def test_the_lag_probe_lives_through_broker_restarts(broker: Broker, tmp_path: Path) -> None:
     producer = make_producer(broker.settings)
     producer.produce("inference-requests", key=b"k", value=b"v")

@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from tests.integration import workers
 from tests.integration.gateway.gateway_fixtures import GatewayServer
 from tests.integration.workers import Stack, running
 from tests.support import unique
@@ -27,9 +26,6 @@ from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import GatewayConfig, kafka_services
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.models.model_settings import ModelSettings
-
-models = workers.models
-stack = workers.stack
 
 
 def attrs(span: ReadableSpan) -> Mapping[str, Any]:

@@ -22,7 +22,6 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import GatewayServer, ProtocolGateway, fraud_body
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_consumer, make_producer
@@ -35,9 +34,6 @@ from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroEncoder
 from tidegate.schemas.requests import build_request, request_key
 from tidegate.schemas.tensors import from_numpy
-
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
 
 SERVICE_S = 0.02  # the slow worker serves 50 requests/s
 BACKLOG = 400  # 8 s of its work

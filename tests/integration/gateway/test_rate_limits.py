@@ -21,7 +21,6 @@ import httpx
 import pytest
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import fraud_body, topic_env
 from tests.integration.gateway.rate_load import (
     MEASURE_S,
@@ -36,9 +35,6 @@ from tidegate.core.errors import RateLimitedError
 from tidegate.core.settings import RedisSettings, TopicSettings
 from tidegate.gateway.rate_limit_settings import RateLimitSettings
 from tidegate.gateway.rate_limits import RateLimiter
-
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
 
 
 @pytest.mark.parametrize(

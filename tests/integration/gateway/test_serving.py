@@ -18,15 +18,11 @@ import httpx
 import redis
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import fraud_body, spawn_gateway, topic_env
-from tests.support import free_port, unique, wait_for
+from tests.support import alive, free_port, unique, wait_for
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.settings import RedisSettings, TopicSettings
 from tidegate.gateway.lease import lease_key
-
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
 
 _STOP_S = 30.0
 T = TypeVar("T", bound=Sized)
@@ -44,15 +40,6 @@ def children(pid: int) -> set[int]:
 def spawned(pids: set[int]) -> set[int]:
     """The worker processes among `pids`, not multiprocessing's resource tracker."""
     return {pid for pid in pids if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}
-
-
-def gone(pid: int) -> bool:
-    """No such process any more, or only its zombie (nothing reaps orphans in some containers)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
 
 
 def leases(client: redis.Redis, topics: TopicSettings) -> dict[int, str]:
@@ -74,7 +61,7 @@ def stop_within(child: Child, pids: set[int], timeout_s: float) -> float:
     started = time.monotonic()
     child.process.send_signal(signal.SIGTERM)
     wait_for(
-        lambda: child.process.poll() is not None and all(gone(pid) for pid in pids),
+        lambda: child.process.poll() is not None and all(not alive(pid) for pid in pids),
         timeout=timeout_s,
         what="the gateway and its workers to stop",
     )
@@ -132,7 +119,7 @@ def test_workers_share_the_port_each_on_its_own_reply_partition(
     finally:
         child.stop()
         for pid in everyone:
-            if not gone(pid):  # the parent was killed before it could stop them
+            if alive(pid):  # the parent was killed before it could stop them
                 os.kill(pid, signal.SIGKILL)
         client.close()
 
@@ -177,7 +164,7 @@ def test_a_gateway_process_that_dies_is_restarted_and_keeps_the_replies_it_misse
         assert result.json()["outputs"][0]["data"] == [6, 3, 22, 7]
         assert child.process.poll() is None, "the supervisor is still up"
         assert "exited with signal SIGKILL" in child.log.read_text(errors="replace")
-        assert not gone(again)
+        assert alive(again)
     finally:
         child.stop()
         client.close()

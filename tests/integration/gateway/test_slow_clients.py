@@ -24,15 +24,11 @@ import httpx
 import pytest
 
 from tests.integration.fakes import FakeWorker
-from tests.integration.gateway import gateway_fixtures
 from tests.integration.gateway.gateway_fixtures import fraud_body, topic_env
 from tests.support import free_port, wait_for
 from tests.tls_support import self_signed, wait_https
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.settings import TopicSettings
-
-topics = gateway_fixtures.topics
-lifecycle = gateway_fixtures.lifecycle
 
 SLOW = 1_000
 SLOW_BODIES = 50

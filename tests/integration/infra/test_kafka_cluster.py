@@ -30,7 +30,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from tests.support import unique, wait_for
+from tests.support import alive, unique, wait_for
 from tidegate.core.kafka import consume_ready, make_admin, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, TopicSettings
 
@@ -81,14 +81,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in socks:
             sock.close()
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 def broker_pids(var: Path) -> list[int]:
@@ -222,6 +214,8 @@ def config(admin: AdminClient, kind: ResourceType, name: str) -> dict[str, str]:
     return {k: v.value for k, v in entries.items()}
 
 
+# pytest-timeout counts the fixture's three-node start (120 s) too; the waits below add 350 s.
+@pytest.mark.timeout(600)
 def test_a_broker_killed_under_load_loses_no_acknowledged_message(cluster: Cluster) -> None:
     up = cluster.stack("up")
     assert up.returncode == 0, up.stdout + up.stderr

@@ -22,12 +22,12 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from psycopg_pool import AsyncConnectionPool
 
-from tests.integration.lifecycle.test_indexer import (
+from tests.integration.lifecycle.lineage_rows import compared, request_ids, served
+from tests.integration.lifecycle.lineage_support import (
     ResultPublisher,
     make_result,
     register_lineage_subjects,
 )
-from tests.integration.lifecycle.test_retention import compared, request_ids, served
 from tests.support import eventually, unique
 from tidegate.core.db import make_pool
 from tidegate.core.kafka import make_consumer

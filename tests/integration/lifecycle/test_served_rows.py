@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from typer.testing import CliRunner
 from yoyo import get_backend, read_migrations
 
-from tests.integration.lifecycle.test_indexer import (
+from tests.integration.lifecycle.lineage_support import (
     ResultPublisher,
     make_result,
     register_lineage_subjects,

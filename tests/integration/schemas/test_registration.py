@@ -16,7 +16,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.support import unique, wait_for
-from tests.unit.schemas.test_codec import SAMPLES
+from tests.unit.schemas.codec_samples import SAMPLES
 from tidegate.core.errors import SchemaMismatchError, UnknownSchemaError, WireFormatError
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from tests.unit.agents.test_dataplane import until
+from tests.unit.agents.batching_support import Outbox
+from tests.unit.agents.dataplane_support import until
 from tidegate.agents.batching import (
     BatchQueue,
     BatchResultCountError,
@@ -40,29 +41,6 @@ class Recorder:
             await self.gate.wait()
         await asyncio.sleep(0)
         return [i * 10 for i in items]
-
-
-class Outbox:
-    """The `deliver` side: a future per submitted item, settled from the delivered batches."""
-
-    def __init__(self) -> None:
-        self.futures: dict[Hashable, asyncio.Future[object]] = {}
-        self.deliveries: list[list[Hashable]] = []
-
-    def expect(self, item: Hashable) -> asyncio.Future[object]:
-        future = self.futures[item] = asyncio.get_running_loop().create_future()
-        return future
-
-    def __call__(
-        self, items: Sequence[Hashable], outcome: Sequence[object] | BaseException
-    ) -> None:
-        self.deliveries.append(list(items))
-        for index, item in enumerate(items):
-            future = self.futures[item]
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome[index])
 
 
 def submit(

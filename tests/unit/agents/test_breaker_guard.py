@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from tests.unit.agents.test_dataplane import (
+from tests.unit.agents.dataplane_support import (
     POISON,
     SIGNATURE,
     FakeRuntime,

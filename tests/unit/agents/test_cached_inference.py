@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tests.unit.agents.dataplane_support import Tables, fraud_table, make_service, manager, task
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
-from tests.unit.agents.test_dataplane import Tables, fraud_table, make_service, manager, task
 from tidegate.agents.cached_inference import CachedInference
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.inference_task import InferenceTask

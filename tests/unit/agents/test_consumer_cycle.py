@@ -6,7 +6,7 @@ from confluent_kafka import TopicPartition
 from prometheus_client import REGISTRY
 
 from tests.support import unique
-from tests.unit.agents.test_worker import FakeConsumer
+from tests.unit.agents.worker_support import FakeConsumer
 from tidegate.agents import consumer_cycle
 from tidegate.agents.consumer_cycle import ConsumerCycle
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.unit.agents.dataplane_support import Tables, fraud_table, make_service, manager, task
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
-from tests.unit.agents.test_dataplane import Tables, fraud_table, make_service, manager, task
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.enrichment import Enrichment
 from tidegate.agents.feature_settings import FeatureSettings

@@ -14,8 +14,8 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.unit.agents.test_batching import Outbox
-from tests.unit.agents.test_dataplane import (
+from tests.unit.agents.batching_support import Outbox
+from tests.unit.agents.dataplane_support import (
     SIGNATURE,
     FakeRuntime,
     Reports,

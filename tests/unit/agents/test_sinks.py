@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from tests.unit.agents.test_delivery import TOPICS, request
+from tests.unit.agents.delivery_support import TOPICS, request
 from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.offsets import OffsetTracker
 from tidegate.agents.sinks import SinkEntry, TransactionalSink

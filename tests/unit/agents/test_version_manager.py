@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from tests.unit.agents.test_dataplane import (
+from tests.unit.agents.dataplane_support import (
     SIGNATURE,
     Reports,
     Tables,

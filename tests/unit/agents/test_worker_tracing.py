@@ -1,5 +1,5 @@
-"""The worker's spans, on `tests.unit.agents.test_worker`'s fakes with an in-memory exporter: each
-request's span joins the trace its message carries and hands it on in the result's headers, a
+"""The worker's spans, on `tests.unit.agents.worker_support`'s fakes with an in-memory exporter:
+each request's span joins the trace its message carries and hands it on in the result's headers, a
 batch is one span linked to all its members, a model call is a span under its batch; a request
 sampled out upstream makes none; with tracing off, no message header is read at all."""
 
@@ -14,10 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, get_current_span
 
 from tests.support import unique
-from tests.unit.agents import test_worker
-from tests.unit.agents.test_dataplane import make_service, task
-from tests.unit.agents.test_dataplane import until as dataplane_until
-from tests.unit.agents.test_worker import FakeConsumer, Harness, Record, rebalanced
+from tests.unit.agents.dataplane_support import make_service, task
+from tests.unit.agents.dataplane_support import until as dataplane_until
+from tests.unit.agents.worker_support import FakeConsumer, Harness, Record, rebalanced
 from tidegate.agents.worker_tracing import batch_span
 from tidegate.core.settings import TracingSettings
 from tidegate.core.tracing import (
@@ -26,8 +25,6 @@ from tidegate.core.tracing import (
     span_headers,
     start_tracing,
 )
-
-harness = test_worker.harness
 
 
 @pytest.fixture

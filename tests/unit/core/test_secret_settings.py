@@ -7,47 +7,19 @@ reading the source of every tidegate module, so a settings class added anywhere 
 
 from __future__ import annotations
 
-import importlib
 import re
 import typing
-from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
-import tidegate
+from tests.unit.core.secret_settings_support import settings_classes
 
-PACKAGE = Path(tidegate.__file__).resolve().parent
 # A field whose name says it holds a secret. Paths of key files (`tls_keyfile`) and names of
 # things (`token_audience`) are not secrets: only the credential itself is.
 SECRET_NAME = re.compile(r"(password|secret|token|passphrase|api_key|private_key|credential)")
 NOT_SECRET = re.compile(r"(_file|_path|_location|_ttl|_url|_audience|_issuer|_header|_name|_s)$")
-
-
-def settings_modules() -> list[str]:
-    names = []
-    for path in sorted(PACKAGE.resolve().parent.glob("tidegate/*/**/*.py")):
-        if "BaseSettings" not in path.read_text(errors="replace"):
-            continue
-        relative = path.relative_to(PACKAGE.parent).with_suffix("")
-        names.append(".".join(relative.parts))
-    return names
-
-
-def settings_classes() -> list[type[BaseSettings]]:
-    found: dict[str, type[BaseSettings]] = {}
-    for name in settings_modules():
-        module = importlib.import_module(name)
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, BaseSettings)
-                and value is not BaseSettings
-                and value.__module__.startswith("tidegate.")
-            ):
-                found[f"{value.__module__}.{value.__qualname__}"] = value
-    return [found[key] for key in sorted(found)]
 
 
 def plain_text(annotation: object) -> bool:

@@ -22,8 +22,7 @@ from fastapi.testclient import TestClient
 from tritonclient.http._utils import _get_inference_request
 
 from tests.support import wait_for
-from tests.unit import gateway_harness
-from tests.unit.agents.test_dataplane import lifecycle_state, registered
+from tests.unit.agents.dataplane_support import lifecycle_state, registered
 from tests.unit.gateway_harness import (
     FRAUD_JSON,
     Harness,
@@ -35,10 +34,6 @@ from tests.unit.gateway_harness import (
 )
 from tidegate.gateway import routes
 from tidegate.lifecycle.domain import events as ev
-
-harness = gateway_harness.harness
-client = gateway_harness.client
-
 
 # -- health and metadata -----------------------------------------------------------------------
 

@@ -4,42 +4,17 @@ revocable within seconds (tidegate.gateway.api_keys, tidegate.gateway.key_verifi
 from __future__ import annotations
 
 import asyncio
-import threading
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
 import pytest
-from argon2 import PasswordHasher
 
-from tests.unit.auth_fixtures import FAST_HASHER, MemoryKeyStore
+from tests.unit.auth_fixtures import MemoryKeyStore
+from tests.unit.gateway.key_support import Clock, GatedHasher, issue
 from tidegate.core.errors import AuthenticationError, OverloadedError
 from tidegate.gateway.api_keys import grants_from_json, grants_to_json, new_key, parse_key
 from tidegate.gateway.identity import Grant, Permission
 from tidegate.gateway.key_verifier import KeyVerifier
 from tidegate.gateway.problems import error_problem
-
-
-class GatedHasher(PasswordHasher):
-    """argon2 that holds every check until `release` (a queue of slow checks, on demand)."""
-
-    def __init__(self) -> None:
-        super().__init__(time_cost=1, memory_cost=8, parallelism=1)
-        self.gate = threading.Event()
-
-    def verify(self, hash: str | bytes, password: str | bytes) -> Literal[True]:
-        self.gate.wait(timeout=10)
-        return FAST_HASHER.verify(hash, password)
-
-    def release(self) -> None:
-        self.gate.set()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -55,22 +30,6 @@ def clock() -> Clock:
 @pytest.fixture
 def verifier(store: MemoryKeyStore, clock: Clock) -> KeyVerifier:
     return KeyVerifier(store, ttl_s=2.0, clock=clock)
-
-
-async def issue(
-    store: MemoryKeyStore,
-    *grants: Grant,
-    expires_at: datetime | None = None,
-    rate_per_s: float | None = None,
-) -> str:
-    issued = await store.create(
-        "t",
-        grants or (Grant("infer"),),
-        created_by="local:t",
-        expires_at=expires_at,
-        rate_per_s=rate_per_s,
-    )
-    return issued.key.get_secret_value()
 
 
 def test_a_key_is_tg_id_secret_and_parses_back() -> None:

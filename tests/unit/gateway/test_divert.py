@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit import gateway_harness
+from tests.unit.agents.dataplane_support import lifecycle_state, registered
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
-from tests.unit.agents.test_dataplane import lifecycle_state, registered
 from tests.unit.gateway_harness import FRAUD_JSON, Harness, features, problem_of
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.gateway.admission import Admission
@@ -23,8 +22,6 @@ from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.schemas.prediction_keys import encode_outputs, prediction_key
 from tidegate.schemas.requests import FALLBACK_OF
-
-harness = gateway_harness.harness
 
 
 class Breakers:

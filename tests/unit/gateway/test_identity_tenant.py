@@ -7,8 +7,7 @@ import asyncio
 from pathlib import Path
 
 from tests.unit.auth_fixtures import MemoryKeyStore, bearer
-from tests.unit.gateway.test_result_ownership import secured
-from tests.unit.gateway_harness import features, problem_of
+from tests.unit.gateway_harness import features, problem_of, secured
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.identity import Grant
 from tidegate.gateway.jwt_verify import identity_from_claims

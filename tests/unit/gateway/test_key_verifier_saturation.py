@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tests.unit.auth_fixtures import MemoryKeyStore
-from tests.unit.gateway.test_auth_keys import Clock, GatedHasher, issue
+from tests.unit.gateway.key_support import Clock, GatedHasher, issue
 from tidegate.core.errors import AuthenticationError, RateLimitedError
 from tidegate.gateway.api_keys import parse_key
 from tidegate.gateway.client_budget import ClientBudget

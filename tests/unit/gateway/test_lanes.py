@@ -9,14 +9,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit import gateway_harness
 from tests.unit.gateway_harness import Harness, features, problem_of
 from tidegate.core.errors import InvalidInputError
 from tidegate.gateway import call_record
 from tidegate.gateway.publisher import Ack
 from tidegate.schemas.v2 import parse_request
-
-harness = gateway_harness.harness
 
 
 @pytest.fixture

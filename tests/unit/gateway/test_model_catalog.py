@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.agents.test_dataplane import lifecycle_state, registered
+from tests.unit.agents.dataplane_support import lifecycle_state, registered
 from tests.unit.gateway_harness import ECHO, FRAUD, MemoryLifecycle
 from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError
 from tidegate.gateway.model_catalog import ModelCatalog

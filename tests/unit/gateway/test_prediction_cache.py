@@ -7,8 +7,8 @@ import struct
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.unit.agents.dataplane_support import fraud_table, lifecycle_table, registered
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
-from tests.unit.agents.test_dataplane import fraud_table, lifecycle_table, registered
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.gateway.prediction_cache import (
     GatewayPredictionCache,

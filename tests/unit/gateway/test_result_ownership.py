@@ -17,14 +17,11 @@ from fastapi.testclient import TestClient
 
 from tests.support import wait_for
 from tests.unit.auth_fixtures import MemoryKeyStore, bearer
-from tests.unit.gateway_harness import Harness, features, problem_of
+from tests.unit.gateway_harness import Harness, features, problem_of, secured
 from tidegate.core.errors import ModelNotFoundError
 from tidegate.gateway.admin import install_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.identity import Grant
-from tidegate.gateway.key_verifier import KeyVerifier
 
 ASYNC = {"Prefer": "respond-async"}
 
@@ -37,12 +34,6 @@ def store() -> MemoryKeyStore:
 def key(store: MemoryKeyStore, *grants: Grant) -> dict[str, str]:
     issued = asyncio.run(store.create("t", grants, created_by="local:t"))
     return bearer(issued.key)
-
-
-def secured(tmp_path: Path, store: MemoryKeyStore) -> Harness:
-    harness = Harness(tmp_path)
-    harness.authenticator = Authenticator(AuthSettings(), keys=KeyVerifier(store, ttl_s=2.0))
-    return harness
 
 
 def fetched(http: TestClient, request_id: str, headers: dict[str, str]) -> httpx.Response:

@@ -13,13 +13,10 @@ from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.unit import gateway_harness
 from tests.unit.gateway_harness import Harness, features
 from tidegate.core.settings import TracingSettings
 from tidegate.core.tracing import start_tracing
 from tidegate.gateway.app import create_app
-
-harness = gateway_harness.harness
 
 PATH = "/v2/models/fraud/infer"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
