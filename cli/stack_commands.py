@@ -6,6 +6,8 @@ Settings come from the environment (infra/lib.sh exports them for a stack on oth
 
 from __future__ import annotations
 
+import asyncio
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +15,7 @@ from typing import Annotated
 import typer
 
 from tidegate.core import stack
+from tidegate.core.db import make_pool, migrate
 from tidegate.core.kafka import make_admin
 from tidegate.core.settings import (
     KafkaSettings,
@@ -20,8 +23,10 @@ from tidegate.core.settings import (
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
+    read_env_file,
 )
 from tidegate.core.stack import KEY_CONFIGS, describe_topics, ensure_topics, topic_specs
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 __all__ = ["Server", "app"]
 
@@ -30,6 +35,7 @@ app = typer.Typer(no_args_is_help=True)
 # librdkafka logs informational lines (e.g. BGQUEUE when an admin client closes) to stderr; these
 # commands report errors themselves, so only librdkafka's warnings and errors get through.
 _QUIET = {"log_level": 4}
+_REGISTRY_PREFIX = "TIDEGATE_SCHEMA_REGISTRY_"
 
 
 class Server(str, Enum):
@@ -127,7 +133,48 @@ def registry_credentials(
     path: Annotated[Path, typer.Argument(help="Where the credentials go (mode 600).")],
 ) -> None:
     """Make the key this stack's processes present to its schema registry, unless PATH holds an
-    active one (migrates PostgreSQL first)."""
-    from tidegate.cli.registry_credentials import ensure_credentials
+    active one (migrates PostgreSQL first).
 
-    typer.echo(f"registry credentials: {ensure_credentials(path)}")
+    The registry authenticates every caller (docs/security.md). The key may read and register
+    schemas (role `deploy`); it is created straight in PostgreSQL, as `tidegate auth keys create
+    local-registry-client --role deploy` would, but without an audit entry: the audit trail is
+    written through the registry this key is for. PATH (mode 600) then holds
+    TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_USER and _PASSWORD, the key's id and secret, which
+    `SchemaRegistrySettings` reads for a registry on this host (or from
+    TIDEGATE_SCHEMA_REGISTRY_LOCAL_CREDENTIALS) when no credentials are set. Nothing secret is
+    printed."""
+    pg = PostgresSettings()
+    migrate(pg)
+    typer.echo(f"registry credentials: {asyncio.run(_ensure_credentials(path, pg))}")
+
+
+async def _ensure_credentials(path: Path, pg: PostgresSettings) -> str:
+    from tidegate.gateway.api_keys import KeyStore
+    from tidegate.gateway.identity import Grant
+
+    pool = make_pool(pg, LifecycleSettings(pool_min_size=1, pool_max_size=1))
+    await pool.open(wait=True, timeout=30)
+    try:
+        store = KeyStore(pool)
+        current = read_env_file(path, _REGISTRY_PREFIX).get("basic_auth_user")
+        if current:
+            found = await store.get(current)
+            if found is not None and found.state() == "active":
+                return f"kept (key {current})"
+        issued = await store.create(
+            "local-registry-client", (Grant("deploy"),), created_by="local:stack"
+        )
+    finally:
+        await pool.close()
+    key_id = issued.record.id
+    secret = issued.key.get_secret_value().removeprefix(f"tg_{key_id}_")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = path.with_suffix(".tmp")
+    fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(
+            f"{_REGISTRY_PREFIX}BASIC_AUTH_USER={key_id}\n"
+            f"{_REGISTRY_PREFIX}BASIC_AUTH_PASSWORD={secret}\n"
+        )
+    written.replace(path)
+    return f"created (key {key_id})"
