@@ -135,9 +135,10 @@ def registry_credentials(
     """Make the key this stack's processes present to its schema registry, unless PATH holds an
     active one (migrates PostgreSQL first).
 
-    The registry authenticates every caller (docs/security.md). The key may read and register
-    schemas (role `deploy`); it is created straight in PostgreSQL, as `tidegate auth keys create
-    local-registry-client --role deploy` would, but without an audit entry: the audit trail is
+    The registry authenticates every caller (docs/security.md). The key is the local stack's
+    own, as its PostgreSQL role is: role `admin`, since `tidegate schemas register` sets each
+    subject's compatibility. It is created straight in PostgreSQL, as `tidegate auth keys create
+    local-registry-client --role admin` would, but without an audit entry: the audit trail is
     written through the registry this key is for. PATH (mode 600) then holds
     TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_USER and _PASSWORD, the key's id and secret, which
     `SchemaRegistrySettings` reads for a registry on this host (or from
@@ -159,10 +160,10 @@ async def _ensure_credentials(path: Path, pg: PostgresSettings) -> str:
         current = read_env_file(path, _REGISTRY_PREFIX).get("basic_auth_user")
         if current:
             found = await store.get(current)
-            if found is not None and found.state() == "active":
+            if found is not None and found.state() == "active" and found.identity().is_admin:
                 return f"kept (key {current})"
         issued = await store.create(
-            "local-registry-client", (Grant("deploy"),), created_by="local:stack"
+            "local-registry-client", (Grant("admin"),), created_by="local:stack"
         )
     finally:
         await pool.close()

@@ -1,7 +1,7 @@
 """The local stack's schema registry authenticates every caller (issue 20, finding 7): the held-out
-probe's anonymous register, delete and compatibility change are refused, the stack's own
-processes get in with the key `make up` made for them (read and register), and only an admin key
-deletes a subject or changes compatibility."""
+probe's anonymous register, delete and compatibility change are refused, registering needs
+`deploy` and deleting or changing compatibility `admin`, and the stack's own processes get in
+with the key `make up` made for them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.schemas.registry_keys import issue_key, revoke_key
+from tests.integration.schemas.registry_keys import basic_auth, issue_key, revoke_key
 from tests.support import unique
 from tidegate.core.settings import SchemaRegistrySettings
 
@@ -48,18 +48,29 @@ def test_anonymous_writes_deletes_and_config_changes_are_refused(
         assert anonymous.get("/_health").status_code == 200
 
 
-def test_the_stacks_key_registers_and_only_an_admin_deletes(
+def test_registering_needs_deploy_and_deleting_admin(
     registry: SchemaRegistrySettings, admin_key: str
 ) -> None:
     subject = unique("it-auth") + "-value"
-    assert registry.basic_auth_password is not None
-    stack = (registry.basic_auth_user or "", registry.basic_auth_password.get_secret_value())
+    deployer = issue_key("deploy")
     admin = {"Authorization": f"Bearer {admin_key}", **CT}
-    with httpx.Client(base_url=registry.url, headers=CT, auth=stack, timeout=10) as client:
-        made = client.post(f"/subjects/{subject}/versions", json={"schema": SCHEMA})
-        assert made.status_code == 200, made.text
-        assert client.post(f"/subjects/{subject}", json={"schema": SCHEMA}).status_code == 200
-        assert client.delete(f"/subjects/{subject}").status_code == 403
-        assert client.put("/config", json={"compatibility": "NONE"}).status_code == 403
+    try:
+        with httpx.Client(
+            base_url=registry.url, headers=CT, auth=basic_auth(deployer), timeout=10
+        ) as client:
+            made = client.post(f"/subjects/{subject}/versions", json={"schema": SCHEMA})
+            assert made.status_code == 200, made.text
+            assert client.post(f"/subjects/{subject}", json={"schema": SCHEMA}).status_code == 200
+            assert client.delete(f"/subjects/{subject}").status_code == 403
+            assert client.put("/config", json={"compatibility": "NONE"}).status_code == 403
+    finally:
+        revoke_key(deployer)
     gone = httpx.delete(f"{registry.url}/subjects/{subject}", headers=admin, timeout=10)
     assert gone.status_code == 200, gone.text
+
+
+def test_the_stacks_own_processes_get_in_with_its_key(registry: SchemaRegistrySettings) -> None:
+    assert registry.basic_auth_password is not None
+    stack = (registry.basic_auth_user or "", registry.basic_auth_password.get_secret_value())
+    with httpx.Client(base_url=registry.url, headers=CT, auth=stack, timeout=10) as client:
+        assert client.get("/subjects").status_code == 200
