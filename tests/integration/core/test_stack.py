@@ -26,7 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from tests.support import alive, wait_for
+from tests.support import alive, free_ports, wait_for
 from tidegate.core.settings import (
     PostgresSettings,
     RedisSettings,
@@ -65,17 +65,6 @@ def port_open(port: int) -> bool:
 
 def port_closed(port: int) -> bool:
     return not port_open(port)
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 # ---- the main stack ------------------------------------------------------------------------------

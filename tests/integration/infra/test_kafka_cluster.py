@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -30,7 +29,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from tests.support import alive, unique, wait_for
+from tests.support import alive, free_ports, unique, wait_for
 from tidegate.core.kafka import consume_ready, make_admin, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, TopicSettings
 
@@ -70,17 +69,6 @@ class Cluster:
             timeout=timeout,
             check=False,
         )
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def broker_pids(var: Path) -> list[int]:
