@@ -65,8 +65,6 @@ _log = logging.getLogger(__name__)
 
 # The marker's flag of an asynchronous request whose publish is not acknowledged yet.
 _PUBLISHING = "publishing"
-# How often a call past its deadline looks again for Kafka's late acknowledgement.
-_ACK_LATE_S = 0.05
 # A synchronous call's reservation of the id its caller chose outlasts its wait by this much:
 # a 504 turns it into the kept marker within it.
 _RESERVE_S = 5.0
@@ -456,9 +454,8 @@ def _meta(
 
 class _Deadline:
     """Ends a synchronous call's wait for its reply when the publish fails, or at the deadline once
-    Kafka has acknowledged the request (if the ack is late, once it comes: the deadline looks again
-    every `_ACK_LATE_S`). A successful publish costs the loop nothing: its acknowledgement is a flag
-    on `delivery`, read only here."""
+    Kafka has acknowledged the request (if the ack is late, when it comes). A successful publish
+    costs the loop nothing: its acknowledgement is a flag on the `Delivery`, read only here."""
 
     __slots__ = ("_delivery", "_reply", "_request_id", "_timer", "_wait_s")
 
@@ -486,12 +483,15 @@ class _Deadline:
         delivery = self._delivery
         if delivery is None or delivery.error is not None:
             return  # ended by its failure already
+        # Kafka may not have it yet: a 504 then would promise a fetch of a request that may never
+        # be taken, so the ack ends the call when it comes (librdkafka settles it within
+        # `publish_timeout_s`). Asked for before `acked` is read: see `Delivery.acknowledged`.
+        delivery.on_ack = self._ack_after_deadline
         if delivery.acked:
             self._end(self._timeout())
-        else:
-            # Kafka does not have it yet: a 504 now would promise a fetch of a request that may
-            # never be taken. librdkafka settles it within `publish_timeout_s`.
-            self._timer = asyncio.get_running_loop().call_later(_ACK_LATE_S, self._passed)
+
+    def _ack_after_deadline(self) -> None:
+        self._end(self._timeout())
 
     def _timeout(self) -> ResultTimeoutError:
         # The request's deadline is this wait (or earlier): a worker that reaches it later

@@ -76,15 +76,25 @@ Failed = Callable[[Exception], None]
 
 class Delivery:
     """A synchronous call's acknowledgement, kept off the event loop: `acked` turns true on the
-    producer's thread once the broker has the request, which wakes nothing (the call's deadline
-    reads it, if it ever comes); only a failure reaches the loop, through the `on_failure` given
-    to `send`. An Ack future would cost the loop a wake-up and two callbacks per call."""
+    producer's thread once the broker has the request, which wakes nothing unless `on_ack` was
+    set first (a call whose deadline passed before the ack, then woken by it on the loop); a
+    failure reaches the loop through the `on_failure` given to `send`. An Ack future would cost
+    the loop a wake-up and two callbacks per call."""
 
-    __slots__ = ("acked", "error")
+    __slots__ = ("acked", "error", "on_ack")
 
     def __init__(self) -> None:
         self.acked = False
         self.error: Exception | None = None
+        self.on_ack: Callable[[], None] | None = None
+
+    def acknowledged(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The broker has it (on any thread). `acked` is written before `on_ack` is read, and a
+        waiter sets `on_ack` before it reads `acked` again: one of them sees the other."""
+        self.acked = True
+        late = self.on_ack
+        if late is not None:
+            loop.call_soon_threadsafe(late)
 
 
 # What a one-record batch adds to the record on the broker (batch and record headers), and what
@@ -140,7 +150,7 @@ class RequestPublisher(ABC):
                 return
             error = ack.exception()
             if error is None:
-                delivery.acked = True
+                delivery.acknowledged(asyncio.get_running_loop())
             elif isinstance(error, Exception):
                 delivery.error = error
                 on_failure(error)
@@ -304,7 +314,7 @@ class KafkaPublisher(RequestPublisher):
             # On the producer's thread (or the loop's, from publish_record's own poll): a
             # success is a flag, and only a failure wakes the loop.
             if error is None:
-                delivery.acked = True
+                delivery.acknowledged(loop)
                 self._connected = True
             else:
                 loop.call_soon_threadsafe(self._failed, delivery, on_failure, error)

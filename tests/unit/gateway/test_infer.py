@@ -98,6 +98,24 @@ async def test_the_deadline_waits_for_the_ack_then_answers_504(
     assert harness.store.requests["slow-ack"].meta is not None
 
 
+async def test_an_ack_after_the_deadline_ends_the_call_before_the_reply_it_precedes(
+    plane: tuple[Harness, Inference],
+) -> None:
+    """The ack of a call past its deadline ends it when it comes (504, the result kept for a
+    fetch), however soon the reply follows: a reply that beat it would be answered, and lost to
+    the fetch the 504 promises."""
+    harness, inference = plane
+    harness.worker.hold = harness.worker.hold_ack = True
+    task = started(inference, call("ack-then-reply", timeout="0.05"))
+    await asyncio.sleep(0.1)
+    harness.worker.release_ack("ack-then-reply")
+    await asyncio.sleep(0.01)  # the ack's wake-up runs; the reply comes right after
+    harness.worker.release("ack-then-reply")
+    outcome = await asyncio.wait_for(task, 2)
+    assert isinstance(outcome.error, ResultTimeoutError)
+    assert harness.store.requests["ack-then-reply"].meta is not None
+
+
 async def test_a_publish_failing_after_the_deadline_is_no_504(
     plane: tuple[Harness, Inference],
 ) -> None:
