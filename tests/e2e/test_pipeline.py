@@ -19,6 +19,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from tests.e2e.conftest import Pipeline
 from tests.kafka_support import read_topic
 from tests.support import unique, wait_for
+from tidegate.core.errors import SerializationError
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings
 from tidegate.models.model_settings import ModelSettings
@@ -326,6 +327,11 @@ def test_invalid_input_is_a_problem_body_and_nothing_is_published(
     assert marker.status_code == 200, marker.text
     decode = AvroDecoder(_registry(), load_schema(INFERENCE_REQUEST))
     on_topic = read_topic(KafkaSettings(), pipeline.topics["requests"], timeout=120)
-    published = {decode(m.value())["request_id"] for m in on_topic}
+    published = set()
+    for message in on_topic:
+        try:
+            published.add(decode(message.value())["request_id"])
+        except SerializationError:
+            continue  # another test's poison pill on the same topic: no call of the gateway's
     assert marker_id in published, "the read did not reach the valid call's record"
     assert refused_id not in published

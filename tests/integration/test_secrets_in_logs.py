@@ -7,10 +7,11 @@ with /admin on, then calls that succeed, fail (400, 404, a plaintext call to the
 clients cut off for being slow, so that start-up, error and warning paths all write their lines.
 Each `SecretStr` field of every tidegate settings class is set: to a value the servers check
 where they check one (the TLS key's password), else to a distinctive string where the stack
-ignores it (the Kafka SASL password with PLAINTEXT, the registry's basic auth, which the local
-registry does not ask for). A secret added to any settings class is set too, unless `UNSET` says
-why it cannot be in this run (PostgreSQL's and Redis's passwords, which the local servers check,
-and Kafka's TLS and OAUTHBEARER secrets, which the settings refuse without such a listener).
+ignores it (the Kafka SASL password with PLAINTEXT). A secret added to any settings class is set
+too, unless `UNSET` says why it cannot be in this run (PostgreSQL's and Redis's passwords and the
+registry's basic auth, which the local servers check: the registry's is the stack's own key, and
+searched for like the rest; Kafka's TLS and OAUTHBEARER secrets, which the settings refuse
+without such a listener).
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ REPO = Path(__file__).resolve().parents[2]
 UNSET = {
     "TIDEGATE_POSTGRES_PASSWORD": "PostgreSQL checks it",
     "TIDEGATE_REDIS_PASSWORD": "Redis without requirepass refuses AUTH",
+    "TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD": "the registry checks it: the stack's own key",
     "TIDEGATE_KAFKA_SSL_KEY_PASSWORD": "needs ssl_key_location, hence an SSL listener",
     "TIDEGATE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": "needs sasl_mechanism OAUTHBEARER",
 }
 TLS_PASSWORD = "TIDEGATE_GATEWAY_TLS_KEYFILE_PASSWORD"
-REGISTRY_USER = "secret-probe"
 # Two rows of the real fraud 1's 64 features.
 FRAUD = {
     "inputs": [{"name": "features", "datatype": "FP32", "shape": [2, 64], "data": [0.5] * 128}]
@@ -138,7 +139,6 @@ def test_no_secret_is_logged(
         "TIDEGATE_POSTGRES_DB_SCHEMA": pg_settings.db_schema,
         "TIDEGATE_MODELS_STORE_DIR": str(tmp_path / "store"),
         "TIDEGATE_WORKER_GROUP_ID": unique("secrets-workers"),
-        "TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_USER": REGISTRY_USER,
         "TIDEGATE_TELEMETRY_LOG_LEVEL": "DEBUG",
         "TIDEGATE_GATEWAY_PORT": str(port),
         "TIDEGATE_GATEWAY_TLS_CERTFILE": str(certfile),
@@ -214,11 +214,15 @@ def test_no_secret_is_logged(
     # The search sees what the components wrote: their topics, and the slow client cut off.
     assert topics.requests in logs["worker"]
     assert "cut off 127.0.0.1" in logs["gateway"]
-    basic = base64.b64encode(
-        f"{REGISTRY_USER}:{secrets['TIDEGATE_SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD']}".encode()
-    ).decode()
+    # The registry's credentials are the stack's own key (it checks them), read from its file.
+    registry = SchemaRegistrySettings()
+    assert registry.basic_auth_user is not None
+    assert registry.basic_auth_password is not None
+    registry_secret = registry.basic_auth_password.get_secret_value()
+    basic = base64.b64encode(f"{registry.basic_auth_user}:{registry_secret}".encode()).decode()
     wanted = {
         **secrets,
+        "the registry key's secret": registry_secret,
         "registry basic auth header": basic,
         "the API key": api_key,
         "its secret part": api_key.rsplit("_", 1)[1],
