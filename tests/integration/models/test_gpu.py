@@ -1,12 +1,15 @@
 """The runtimes on a real GPU. Each test says why it is skipped where there is none: torch without
 a CUDA device, or onnxruntime without the CUDA provider (the CPU-only wheel; docs/gpu.md).
 
+With TIDEGATE_REQUIRE_GPU=1 nothing is skipped: a run on a GPU machine whose CUDA or GPU wheel is
+missing fails instead of passing by skipping everything (docs/gpu.md, "Testing on a GPU").
 No server of the local stack is needed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,8 @@ from tidegate.models.store import LocalArtifactStore
 
 pytestmark = pytest.mark.timeout(300)
 
+REQUIRE_GPU = os.environ.get("TIDEGATE_REQUIRE_GPU") == "1"
+
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
@@ -33,6 +38,11 @@ def onnx_cuda_available() -> bool:
     import onnxruntime as ort
 
     return cuda_available() and CUDA_PROVIDER in ort.get_available_providers()
+
+
+def unless(available: bool, reason: str) -> pytest.MarkDecorator:
+    """Skip where `available` is false, unless a GPU is required: then the test runs, and fails."""
+    return pytest.mark.skipif(not available and not REQUIRE_GPU, reason=reason)
 
 
 NO_CUDA = "no CUDA device here (torch.cuda.is_available() is false)"
@@ -55,6 +65,12 @@ class OutOfMemoryOnCuda(nn.Module):
         return x[:, :3].softmax(dim=1)
 
 
+@pytest.mark.skipif(not REQUIRE_GPU, reason="TIDEGATE_REQUIRE_GPU=1 is not set")
+def test_a_required_gpu_is_there_for_both_runtimes() -> None:
+    assert cuda_available(), NO_CUDA
+    assert onnx_cuda_available(), NO_ONNX_CUDA
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> LocalArtifactStore:
     root = tmp_path_factory.mktemp("gpu")
@@ -71,7 +87,7 @@ async def _answers(store: LocalArtifactStore, version: str, settings: ModelSetti
         await runtime.on_unload()
 
 
-@pytest.mark.skipif(not cuda_available(), reason=NO_CUDA)
+@unless(cuda_available(), NO_CUDA)
 async def test_torch_serves_on_cuda_and_agrees_with_the_cpu(store: LocalArtifactStore) -> None:
     device, on_cuda = await _answers(store, "torch", CUDA)
     assert device == "cuda"
@@ -81,7 +97,7 @@ async def test_torch_serves_on_cuda_and_agrees_with_the_cpu(store: LocalArtifact
     assert (await _answers(store, "torch", ModelSettings()))[0] == "cuda"
 
 
-@pytest.mark.skipif(not onnx_cuda_available(), reason=NO_ONNX_CUDA)
+@unless(onnx_cuda_available(), NO_ONNX_CUDA)
 async def test_onnx_serves_on_cuda_and_agrees_with_the_cpu(store: LocalArtifactStore) -> None:
     runtime = await load_package(store, "tiny", "onnx", CUDA)
     assert isinstance(runtime, OnnxRuntime)
@@ -93,7 +109,7 @@ async def test_onnx_serves_on_cuda_and_agrees_with_the_cpu(store: LocalArtifactS
     np.testing.assert_allclose(on_cuda, on_cpu, atol=1e-5)
 
 
-@pytest.mark.skipif(not cuda_available(), reason=NO_CUDA)
+@unless(cuda_available(), NO_CUDA)
 async def test_a_real_cuda_failure_moves_the_version_to_the_cpu(
     store: LocalArtifactStore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -118,9 +134,9 @@ async def test_a_real_cuda_failure_moves_the_version_to_the_cpu(
     assert (await _answers(store, "torch", CUDA))[0] == "cuda"
 
 
-@pytest.mark.skipif(
-    "onnxruntime-gpu" not in installed_onnxruntime_wheels(),
-    reason="onnxruntime-gpu is not installed (pip install .[gpu], docs/gpu.md)",
+@unless(
+    "onnxruntime-gpu" in installed_onnxruntime_wheels(),
+    "onnxruntime-gpu is not installed (pip install .[gpu], docs/gpu.md)",
 )
 def test_onnxruntime_gpu_is_the_only_onnxruntime() -> None:
     assert installed_onnxruntime_wheels() == ["onnxruntime-gpu"], (
