@@ -53,7 +53,7 @@ def serve(
     check_exposure(settings.host, auth)
     log = KafkaLog(KafkaSettings(), settings, replication_factor=TopicSettings().replication_factor)
     registry = SchemaRegistry(log, default_compatibility=settings.default_compatibility)
-    authenticator = Authenticator.from_settings(auth, PostgresSettings())
+    authenticator = Authenticator.from_settings(auth, PostgresSettings(), basic=True)
     app = create_app(
         registry, authenticator=authenticator, startup_timeout_s=settings.startup_timeout_s
     )

@@ -1,7 +1,11 @@
 """Who is calling: the identity of an HTTP request, from its `Authorization` header.
 
 `Authorization: Bearer tg_...` is one of tidegate's API keys (`tidegate.gateway.key_verifier`),
-any other bearer credential a JWT of the configured issuer (`tidegate.gateway.jwt_verify`). No
+any other bearer credential a JWT of the configured issuer (`tidegate.gateway.jwt_verify`).
+An authenticator made with `basic=True` (the schema registry's) takes HTTP Basic too: an API key,
+its id as user and its secret as password (what confluent-kafka's registry client sends as
+`basic.auth.user.info`, as Confluent Cloud takes an API key and secret), or a whole key as
+password; the gateway's takes bearer credentials only. No
 header is the anonymous caller, which only `public` routes accept (`tidegate.gateway.
 permissions` decides). With authentication off (`tidegate gateway --insecure`), every caller is
 `INSECURE`, a local admin, whatever it presents.
@@ -14,6 +18,8 @@ install `Authenticator.fixed(identity)` instead (`install_authenticator`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from dataclasses import dataclass
 from types import TracebackType
@@ -26,6 +32,7 @@ from tidegate.core.db import make_pool
 from tidegate.core.errors import AuthenticationError
 from tidegate.core.settings import PostgresSettings
 from tidegate.gateway.api_keys import KEY_PREFIX, KeyStore
+from tidegate.gateway.audit_hooks import client_address
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.client_budget import ClientBudget
 from tidegate.gateway.identity import ANONYMOUS, Identity, grants_of
@@ -63,17 +70,21 @@ class Authenticator:
         tokens: JwtVerifier | None = None,
         pool: AsyncConnectionPool[Any] | None = None,
         fixed: Identity | None = None,
+        basic: bool = False,
     ) -> None:
         self.settings = settings
+        self.basic = basic
         self.keys = keys
         self.tokens = tokens
         self._pool = pool
         self._fixed = fixed if fixed is not None else (None if settings.enabled else INSECURE)
 
     @classmethod
-    def from_settings(cls, settings: AuthSettings, postgres: PostgresSettings) -> Authenticator:
-        """The gateway's: API keys from PostgreSQL when `api_keys`, JWTs when an issuer is set.
-        Nothing connects until the authenticator is entered."""
+    def from_settings(
+        cls, settings: AuthSettings, postgres: PostgresSettings, *, basic: bool = False
+    ) -> Authenticator:
+        """API keys from PostgreSQL when `api_keys`, JWTs when an issuer is set; HTTP Basic
+        with `basic`. Nothing connects until the authenticator is entered."""
         if not settings.enabled:
             return cls(settings)
         keys = pool = None
@@ -89,7 +100,7 @@ class Authenticator:
                 budget=budget,
             )
         tokens = JwtVerifier(settings, budget=budget) if settings.jwt_enabled else None
-        return cls(settings, keys=keys, tokens=tokens, pool=pool)
+        return cls(settings, keys=keys, tokens=tokens, pool=pool, basic=basic)
 
     @classmethod
     def fixed(cls, identity: Identity, settings: AuthSettings | None = None) -> Authenticator:
@@ -132,34 +143,39 @@ class Authenticator:
         if header is None:
             return ANONYMOUS
         scheme, _, credentials = header.partition(" ")
-        credentials = credentials.strip()
-        if scheme.lower() != "bearer" or not credentials:
+        scheme, credentials = scheme.lower(), credentials.strip()
+        basic = self.basic and scheme == "basic"
+        if not (basic or scheme == "bearer") or not credentials:
             raise AuthenticationError(
                 "use an `Authorization: Bearer <API key or token>` header",
                 "malformed Authorization header",
             )
+        if basic:
+            credentials = _basic_key(credentials)
         if credentials.startswith(KEY_PREFIX):
             if self.keys is None:
                 raise AuthenticationError("API keys are not accepted here", "API keys off")
-            return await self.keys.verify(credentials, _address(request))
+            return await self.keys.verify(credentials, client_address(request))
         if self.tokens is None:
             raise AuthenticationError(
                 "bearer tokens are not accepted here; use an API key", "no JWT issuer configured"
             )
-        return await self.tokens.verify(credentials, _address(request))
-
-    async def verify_key(self, key: str, client: str | None = None) -> Identity:
-        """The identity of an API key presented some other way than a bearer header (the
-        registry's HTTP Basic: the key's id as user, its secret as password)."""
-        if self._fixed is not None:
-            return self._fixed
-        if self.keys is None:
-            raise AuthenticationError("API keys are not accepted here", "API keys off")
-        return await self.keys.verify(key, client)
+        return await self.tokens.verify(credentials, client_address(request))
 
 
-def _address(request: Request) -> str | None:
-    return request.client.host if request.client is not None else None
+def _basic_key(credentials: str) -> str:
+    """The API key that Basic `user:password` names: `tg_<user>_<password>`, or the password
+    itself when it is a whole key."""
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise AuthenticationError(
+            "malformed Basic credentials", "malformed Authorization header"
+        ) from None
+    user, sep, password = decoded.partition(":")
+    if not sep or not password:
+        raise AuthenticationError("malformed Basic credentials", "malformed Authorization header")
+    return password if password.startswith(KEY_PREFIX) else f"{KEY_PREFIX}{user}_{password}"
 
 
 def install_authenticator(app: FastAPI, authenticator: Authenticator) -> Authenticator:

@@ -5,9 +5,12 @@ JSON shapes, and registry errors into `{"error_code": N, "message": ...}` with t
 `tidegate.gateway.problems` chooses: N for 3-digit codes, N // 100 for 5-digit ones, 503 while the
 registry is not ready. Request bodies are parsed here whatever their content type
 (`application/vnd.schemaregistry.v1+json`, `application/json`, ...), as Confluent's server does.
-Every route but the root and the health check needs a caller with the permission it declares
-(`tidegate.gateway.registry_auth`): reads `read`, registering `deploy`, deletes and
-compatibility changes `admin`.
+Every route but the root and the health check needs a caller with the permission it declares,
+as the gateway's routes do (`tidegate.gateway.permissions.guarded`, the same keys and tokens,
+HTTP Basic included, which confluent-kafka's client sends): reading (a lookup and a
+compatibility test included) `read`; registering `deploy` over every model, since a subject's
+schema is every model's contract; deleting and changing compatibility `admin`, since either can
+break every reader. Refusals keep Confluent's error shape: `{"error_code": 40101, ...}`.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from tidegate.core.errors import (
 )
 from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.identity import Permission
+from tidegate.gateway.permissions import guarded
 from tidegate.gateway.problems import registry_status_for_error
-from tidegate.gateway.registry_auth import REALM, registry_guard
 from tidegate.schemas.registry import (
     SUPPORTED_SCHEMA_TYPES,
     BadRequestError,
@@ -48,6 +51,7 @@ from tidegate.schemas.registry import (
 __all__ = ["CONTENT_TYPE", "RegistryJSONResponse", "create_app"]
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+REALM = 'Basic realm="tidegate schema registry"'
 
 _log = logging.getLogger(__name__)
 
@@ -184,21 +188,21 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
-    @app.get("/", dependencies=registry_guard(Permission.PUBLIC))
+    @app.get("/", **guarded(Permission.PUBLIC))
     def root() -> dict[str, Any]:
         return {}
 
-    @app.get("/_health", dependencies=registry_guard(Permission.PUBLIC))
+    @app.get("/_health", **guarded(Permission.PUBLIC))
     def health() -> Response:
         if not registry.ready:
             return _error(503, 50003, "the schema registry is still loading its state")
         return RegistryJSONResponse({"status": "ready"})
 
-    @app.get("/schemas/types", dependencies=registry_guard(Permission.READ))
+    @app.get("/schemas/types", **guarded(Permission.READ))
     def schema_types() -> list[str]:
         return list(SUPPORTED_SCHEMA_TYPES)
 
-    @app.get("/schemas/ids/{schema_id}", dependencies=registry_guard(Permission.READ))
+    @app.get("/schemas/ids/{schema_id}", **guarded(Permission.READ))
     def schema_by_id(schema_id: int, request: Request) -> dict[str, Any]:
         schema, schema_type = registry.get_schema(schema_id)
         out: dict[str, Any] = {"schema": schema}
@@ -208,21 +212,21 @@ def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
             out["maxId"] = registry.max_id()
         return out
 
-    @app.get("/schemas/ids/{schema_id}/schema", dependencies=registry_guard(Permission.READ))
+    @app.get("/schemas/ids/{schema_id}/schema", **guarded(Permission.READ))
     def raw_schema_by_id(schema_id: int) -> Response:
         return Response(registry.get_schema(schema_id)[0], media_type=CONTENT_TYPE)
 
-    @app.get("/schemas/ids/{schema_id}/versions", dependencies=registry_guard(Permission.READ))
+    @app.get("/schemas/ids/{schema_id}/versions", **guarded(Permission.READ))
     def schema_versions(schema_id: int, request: Request) -> list[dict[str, Any]]:
         found = registry.usages(schema_id, deleted=_flag(request, "deleted"))
         return [{"subject": v.subject, "version": v.version} for v in found]
 
-    @app.get("/schemas/ids/{schema_id}/subjects", dependencies=registry_guard(Permission.READ))
+    @app.get("/schemas/ids/{schema_id}/subjects", **guarded(Permission.READ))
     def schema_subjects(schema_id: int, request: Request) -> list[str]:
         found = registry.usages(schema_id, deleted=_flag(request, "deleted"))
         return list(dict.fromkeys(v.subject for v in found))
 
-    @app.get("/subjects", dependencies=registry_guard(Permission.READ))
+    @app.get("/subjects", **guarded(Permission.READ))
     def subjects(request: Request) -> list[str]:
         return registry.subjects(
             deleted=_flag(request, "deleted"),
@@ -230,35 +234,35 @@ def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
             prefix=request.query_params.get("subjectPrefix"),
         )
 
-    @app.post("/subjects/{subject}", dependencies=registry_guard(Permission.READ))
+    @app.post("/subjects/{subject}", **guarded(Permission.READ))
     def lookup(subject: str, request: Request, body: JsonBody) -> dict[str, Any]:
         schema, schema_type = _schema_of(body)
         found = registry.lookup(subject, schema, schema_type, deleted=_flag(request, "deleted"))
         return _version_json(found)
 
-    @app.delete("/subjects/{subject}", dependencies=registry_guard(Permission.ADMIN))
+    @app.delete("/subjects/{subject}", **guarded(Permission.ADMIN))
     def delete_subject(subject: str, request: Request) -> list[int]:
         return registry.delete_subject(subject, permanent=_flag(request, "permanent"))
 
-    @app.get("/subjects/{subject}/versions", dependencies=registry_guard(Permission.READ))
+    @app.get("/subjects/{subject}/versions", **guarded(Permission.READ))
     def versions(subject: str, request: Request) -> list[int]:
         return registry.versions(
             subject, deleted=_flag(request, "deleted"), deleted_only=_flag(request, "deleted_only")
         )
 
-    @app.post("/subjects/{subject}/versions", dependencies=registry_guard(Permission.DEPLOY))
+    @app.post("/subjects/{subject}/versions", **guarded(Permission.DEPLOY))
     def register(subject: str, body: JsonBody) -> dict[str, Any]:
         schema, schema_type = _schema_of(body)
         return _version_json(registry.register(subject, schema, schema_type))
 
-    @app.get("/subjects/{subject}/versions/{version}", dependencies=registry_guard(Permission.READ))
+    @app.get("/subjects/{subject}/versions/{version}", **guarded(Permission.READ))
     def get_version(subject: str, version: str, request: Request) -> dict[str, Any]:
         found = registry.get_version(subject, version, deleted=_flag(request, "deleted"))
         return _version_json(found)
 
     @app.get(
         "/subjects/{subject}/versions/{version}/schema",
-        dependencies=registry_guard(Permission.READ),
+        **guarded(Permission.READ),
     )
     def get_raw_version(subject: str, version: str, request: Request) -> Response:
         found = registry.get_version(subject, version, deleted=_flag(request, "deleted"))
@@ -266,59 +270,55 @@ def _add_routes(app: FastAPI, registry: SchemaRegistry) -> None:
 
     @app.get(
         "/subjects/{subject}/versions/{version}/referencedby",
-        dependencies=registry_guard(Permission.READ),
+        **guarded(Permission.READ),
     )
     def referenced_by(subject: str, version: str) -> list[int]:
         registry.get_version(subject, version)
         return []  # schema references are not supported, so nothing can refer to a version
 
-    @app.delete(
-        "/subjects/{subject}/versions/{version}", dependencies=registry_guard(Permission.ADMIN)
-    )
+    @app.delete("/subjects/{subject}/versions/{version}", **guarded(Permission.ADMIN))
     def delete_version(subject: str, version: str, request: Request) -> int:
         return registry.delete_version(subject, version, permanent=_flag(request, "permanent"))
 
     @app.post(
         "/compatibility/subjects/{subject}/versions/{version}",
-        dependencies=registry_guard(Permission.READ),
+        **guarded(Permission.READ),
     )
     def test_version(subject: str, version: str, request: Request, body: JsonBody) -> Any:
         schema, schema_type = _schema_of(body)
         problems = registry.test_compatibility(subject, schema, schema_type, version)
         return _compatibility_json(request, problems)
 
-    @app.post(
-        "/compatibility/subjects/{subject}/versions", dependencies=registry_guard(Permission.READ)
-    )
+    @app.post("/compatibility/subjects/{subject}/versions", **guarded(Permission.READ))
     def test_all(subject: str, request: Request, body: JsonBody) -> Any:
         schema, schema_type = _schema_of(body)
         problems = registry.test_compatibility(subject, schema, schema_type)
         return _compatibility_json(request, problems)
 
-    @app.get("/config", dependencies=registry_guard(Permission.READ))
+    @app.get("/config", **guarded(Permission.READ))
     def get_global_config() -> dict[str, str]:
         return {"compatibilityLevel": registry.get_compatibility()}
 
-    @app.put("/config", dependencies=registry_guard(Permission.ADMIN))
+    @app.put("/config", **guarded(Permission.ADMIN))
     def put_global_config(body: JsonBody) -> dict[str, str]:
         return {"compatibility": registry.set_compatibility(None, _level_of(body))}
 
-    @app.delete("/config", dependencies=registry_guard(Permission.ADMIN))
+    @app.delete("/config", **guarded(Permission.ADMIN))
     def delete_global_config() -> dict[str, str]:
         return {"compatibilityLevel": registry.delete_compatibility(None)}
 
-    @app.get("/config/{subject}", dependencies=registry_guard(Permission.READ))
+    @app.get("/config/{subject}", **guarded(Permission.READ))
     def get_config(subject: str, request: Request) -> dict[str, str]:
         level = registry.get_compatibility(
             subject, default_to_global=_flag(request, "defaultToGlobal")
         )
         return {"compatibilityLevel": level}
 
-    @app.put("/config/{subject}", dependencies=registry_guard(Permission.ADMIN))
+    @app.put("/config/{subject}", **guarded(Permission.ADMIN))
     def put_config(subject: str, body: JsonBody) -> dict[str, str]:
         return {"compatibility": registry.set_compatibility(subject, _level_of(body))}
 
-    @app.delete("/config/{subject}", dependencies=registry_guard(Permission.ADMIN))
+    @app.delete("/config/{subject}", **guarded(Permission.ADMIN))
     def delete_config(subject: str) -> dict[str, str]:
         return {"compatibilityLevel": registry.delete_compatibility(subject)}
 

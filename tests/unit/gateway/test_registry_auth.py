@@ -10,6 +10,7 @@ import base64
 from collections.abc import Iterator
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from tests.unit.auth_fixtures import MemoryKeyStore, bearer
@@ -17,6 +18,7 @@ from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.authn import Authenticator
 from tidegate.gateway.identity import Grant
 from tidegate.gateway.key_verifier import KeyVerifier
+from tidegate.gateway.permissions import route_permission
 from tidegate.gateway.registry_api import create_app
 from tidegate.schemas.registry import MemoryLog, SchemaRegistry
 
@@ -30,7 +32,7 @@ def store() -> MemoryKeyStore:
 
 @pytest.fixture
 def client(store: MemoryKeyStore) -> Iterator[TestClient]:
-    authenticator = Authenticator(AuthSettings(), keys=KeyVerifier(store))
+    authenticator = Authenticator(AuthSettings(), keys=KeyVerifier(store), basic=True)
     app = create_app(SchemaRegistry(MemoryLog()), authenticator=authenticator)
     with TestClient(app) as test_client:
         yield test_client
@@ -114,3 +116,13 @@ def test_wrong_or_malformed_credentials_are_refused(
     assert client.get("/subjects", headers=no_password).status_code == 401
     whole = {"Authorization": "Basic " + base64.b64encode(f"any:{real}".encode()).decode()}
     assert client.get("/subjects", headers=whole).status_code == 200
+
+
+def test_every_registry_route_declares_the_permission_it_enforces() -> None:
+    app = create_app(SchemaRegistry(MemoryLog()), authenticator=Authenticator(AuthSettings()))
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    assert routes
+    for route in routes:
+        declared, enforced = route_permission(route)
+        assert declared is not None, route.path
+        assert declared == enforced, route.path
