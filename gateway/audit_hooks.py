@@ -29,13 +29,11 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
-from limits import RateLimitItemPerSecond
-from limits.storage import MemoryStorage
-from limits.strategies import FixedWindowRateLimiter
 
 from tidegate.clients.audit import DENIED, FAILURE, SUCCESS, AuditTrail
 from tidegate.core.errors import TidegateError
 from tidegate.gateway import http_metrics as metrics
+from tidegate.gateway.client_budget import ClientBudget
 from tidegate.gateway.identity import ANONYMOUS, Identity, Permission
 from tidegate.gateway.problems import error_problem, validation_problem
 
@@ -93,14 +91,11 @@ class RefusalBudget:
     (a refused call of an admin route counts as a refusal)."""
 
     def __init__(self, per_source: int = 5, overall: int = 50) -> None:
-        self._limiter = FixedWindowRateLimiter(MemoryStorage())
-        self._per_source = RateLimitItemPerSecond(per_source)
-        self._overall = RateLimitItemPerSecond(overall)
+        self._per_source = ClientBudget(per_source, "refusal entries")
+        self._overall = ClientBudget(overall, "refusal entries")
 
     def take(self, action: str, source: str | None) -> bool:
-        allowed = self._limiter.hit(self._per_source, "source", source or "-") and (
-            self._limiter.hit(self._overall, "all")
-        )
+        allowed = self._per_source.allows(source) and self._overall.allows(None)
         if not allowed:
             metrics.AUDIT_DROPPED.labels(action).inc()
         return allowed

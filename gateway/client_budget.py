@@ -23,19 +23,22 @@ _ANYWHERE = "-"
 
 
 class ClientBudget:
-    """`take(client)`: one unit of `per_second` for `client` (an address; None counts as one
-    unknown client), or `RateLimitedError` with the seconds until its window has room."""
+    """`per_second` units for each client (an address; None counts as one unknown client):
+    `allows(client)` spends one if there is one left, `take(client)` too, or raises
+    `RateLimitedError` with the seconds until its window has room."""
 
     def __init__(self, per_second: int, what: str) -> None:
         self._limiter = FixedWindowRateLimiter(MemoryStorage())
         self._item = RateLimitItemPerSecond(per_second)
         self._what = what
 
+    def allows(self, client: str | None) -> bool:
+        return self._limiter.hit(self._item, client or _ANYWHERE)
+
     def take(self, client: str | None) -> None:
-        who = client or _ANYWHERE
-        if self._limiter.hit(self._item, who):
+        if self.allows(client):
             return
-        reset_at, _ = self._limiter.get_window_stats(self._item, who)
+        reset_at, _ = self._limiter.get_window_stats(self._item, client or _ANYWHERE)
         retry_s = max(0.1, reset_at - time.time())  # the library's windows are on wall time
         raise RateLimitedError(
             retry_s, f"too many {self._what} from this address; retry after {retry_s:.1f} s"
