@@ -41,6 +41,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -62,6 +63,15 @@ class _Entry:
     until: float  # monotonic
     identity: Identity | None  # None: refused
     refusal: tuple[str, str] = ("", "")  # (message, reason), raised afresh each time
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    until: float  # monotonic
+    secret_hash: str  # the stored hash argon2 accepted the presented key against
+
+
+_Kept = TypeVar("_Kept", _Entry, _Checked)
 
 
 class KeyVerifier:
@@ -95,8 +105,7 @@ class KeyVerifier:
         self._clock = clock
         self._cache: dict[bytes, _Entry] = {}  # accepted keys
         self._refused: dict[bytes, _Entry] = {}  # refusals: never evict an accepted key
-        # digest -> (the stored hash argon2 accepted the key against, until when that is kept)
-        self._checked: dict[bytes, tuple[str, float]] = {}
+        self._checked: dict[bytes, _Checked] = {}  # what argon2 said, kept past the trust
         self._pending: dict[bytes, asyncio.Future[Identity]] = {}
         self._argon2 = asyncio.Semaphore(_ARGON2_AT_ONCE)
         self._argon2_wanted = 0  # running and waiting
@@ -172,7 +181,7 @@ class KeyVerifier:
         """Whether argon2 accepted this presented key against this stored hash, not too long
         ago (a key whose hash changed, or whose check expired, is checked again)."""
         checked = self._checked.get(digest)
-        if checked is None or checked[0] != secret_hash or checked[1] <= self._clock():
+        if checked is None or checked.secret_hash != secret_hash or checked.until <= self._clock():
             return False
         # Used again: it moves to the back, away from eviction.
         del self._checked[digest]
@@ -180,11 +189,8 @@ class KeyVerifier:
         return True
 
     def _remember_check(self, digest: bytes, secret_hash: str) -> None:
-        checked = self._checked
-        checked.pop(digest, None)
-        while len(checked) >= self.max_entries:
-            del checked[next(iter(checked))]
-        checked[digest] = (secret_hash, self._clock() + self.checked_s)
+        checked = _Checked(self._clock() + self.checked_s, secret_hash)
+        self._remember(self._checked, self.max_entries, digest, checked)
 
     async def _read(self, key_id: str) -> tuple[float, KeyRecord | None]:
         """The key's row, and the monotonic time just before it was read (what its trust is
@@ -221,9 +227,7 @@ class KeyVerifier:
         self._remember(self._refused, self.max_refusals, digest, entry)
         return AuthenticationError(message, reason)
 
-    def _remember(
-        self, cache: dict[bytes, _Entry], limit: int, digest: bytes, entry: _Entry
-    ) -> None:
+    def _remember(self, cache: dict[bytes, _Kept], limit: int, digest: bytes, entry: _Kept) -> None:
         """Insert, dropping the oldest remembered first: stale ones at the front, then as many
         as the bound needs (amortized O(1): a flood never walks the whole cache)."""
         cache.pop(digest, None)
