@@ -35,7 +35,8 @@ app = typer.Typer(no_args_is_help=True)
 # librdkafka logs informational lines (e.g. BGQUEUE when an admin client closes) to stderr; these
 # commands report errors themselves, so only librdkafka's warnings and errors get through.
 _QUIET = {"log_level": 4}
-_REGISTRY_PREFIX = "TIDEGATE_SCHEMA_REGISTRY_"
+# The variables `SchemaRegistrySettings` reads the stack's credentials from.
+_REGISTRY_PREFIX = str(SchemaRegistrySettings.model_config["env_prefix"])
 
 
 class Server(str, Enum):

@@ -322,7 +322,7 @@ class SchemaRegistrySettings(BaseSettings):
         local = is_loopback(urlsplit(self.url).hostname or "")
         if self.basic_auth_user is not None or not (named or local):
             return self
-        found = read_env_file(self.local_credentials, _REGISTRY_PREFIX)
+        found = read_env_file(self.local_credentials, str(self.model_config["env_prefix"]))
         user, password = found.get("basic_auth_user"), found.get("basic_auth_password")
         if user and password:
             self.basic_auth_user, self.basic_auth_password = user, SecretStr(password)
@@ -503,9 +503,6 @@ class TracingSettings(BaseSettings):
 
 def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-_REGISTRY_PREFIX = "TIDEGATE_SCHEMA_REGISTRY_"
 
 
 def read_env_file(path: Path, prefix: str) -> dict[str, str]:

@@ -27,7 +27,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from tidegate.core.kafka import make_admin
-from tidegate.core.settings import KafkaSettings
+from tidegate.core.settings import KafkaSettings, read_env_file
 
 __all__ = ["env_settings", "main"]
 
@@ -40,12 +40,9 @@ DEFAULT = "127.0.0.1:9092"
 def env_settings(path: Path) -> KafkaSettings:
     """KafkaSettings from a KEY=VALUE file of TIDEGATE_KAFKA_* lines (`main` has cleared those of
     the environment, which name the PLAINTEXT listener)."""
-    fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.startswith(PREFIX):
-            fields[key.removeprefix(PREFIX).lower()] = value
-    return KafkaSettings.model_validate(fields)
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: infra/kafka-tls.sh writes it")
+    return KafkaSettings.model_validate(read_env_file(path, PREFIX))
 
 
 def upsert(user: str, secure: KafkaSettings, plain: KafkaSettings) -> None:
