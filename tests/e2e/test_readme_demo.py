@@ -4,50 +4,24 @@ the page cache are coldest and a demo that sheds nothing is hardest."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_ports
+from tests.stack_support import own_stack
 
 REPO = Path(__file__).resolve().parents[2]
-STACK = ["bash", str(REPO / "infra" / "stack.sh")]
 
 
 @pytest.fixture
 def cold_stack() -> Iterator[dict[str, str]]:
     """The environment of `make demo` on a stack of its own, not started yet: `make demo` starts
     it (`make up`), from empty data directories; it is stopped and removed afterwards."""
-    # Not pytest's tmp_path: its parents are private to root, and postgres runs as its own user.
-    var = Path(tempfile.mkdtemp(prefix="tidegate-cold-"))
-    var.chmod(0o755)
-    kafka, controller, pg, rds, registry = free_ports(5)
-    env = {
-        **os.environ,
-        "COLUMNS": "200",  # rich wraps tables at 80 columns without a tty
-        "TIDEGATE_STACK_VAR": str(var),
-        "TIDEGATE_STACK_KAFKA_PORT": str(kafka),
-        "TIDEGATE_STACK_CONTROLLER_PORT": str(controller),
-        "TIDEGATE_STACK_PG_PORT": str(pg),
-        "TIDEGATE_STACK_REDIS_PORT": str(rds),
-        "TIDEGATE_STACK_REGISTRY_PORT": str(registry),
-        # What `make demo`'s own commands connect to (infra/lib.sh exports the same to the
-        # stack's processes).
-        "TIDEGATE_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka}",
-        "TIDEGATE_SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{registry}",
-        "TIDEGATE_SCHEMA_REGISTRY_LOCAL_CREDENTIALS": str(var / "registry" / "client.env"),
-        "TIDEGATE_POSTGRES_PORT": str(pg),
-        "TIDEGATE_REDIS_URL": f"redis://127.0.0.1:{rds}/0",
-    }
-    try:
-        yield env
-    finally:
-        subprocess.run([*STACK, "down"], env=env, capture_output=True, timeout=150, check=False)
-        subprocess.run(["rm", "-rf", str(var)], check=False)
+    with own_stack("tidegate-cold-") as own:
+        # rich wraps tables at 80 columns without a tty
+        yield {**own.clients_env(), "COLUMNS": "200"}
 
 
 # `make demo` may take its 900 s: the test's own limit is longer, so its output is what a slow

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -26,6 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from tests.stack_support import STACK, own_stack
 from tests.support import alive, free_ports, wait_for
 from tidegate.core.settings import (
     PostgresSettings,
@@ -35,7 +34,6 @@ from tidegate.core.settings import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
-STACK = ["bash", str(REPO / "infra" / "stack.sh")]
 MAIN_VAR = Path(os.environ.get("TIDEGATE_STACK_VAR", REPO / "var"))
 ALL_SERVERS = ("kafka", "registry", "postgres", "redis")
 
@@ -151,37 +149,16 @@ def test_check_fails_clearly_when_a_server_is_down() -> None:
 
 @pytest.fixture
 def second_stack() -> Iterator[tuple[dict[str, str], Path, dict[str, int]]]:
-    # Not pytest's tmp_path: its parents are private to root, and postgres runs as its own user.
-    var = Path(tempfile.mkdtemp(prefix="tidegate-stack-"))
-    var.chmod(0o755)
-    kafka, controller, pg, rds, registry = free_ports(5)
     # Every server of the main stack, the registry included: a stack without it is not the one
     # `make up` runs, and a registry that cannot start must fail this test, not leave it out.
     servers = ["kafka", "postgres", "redis", "registry"]
-    env = {
-        **os.environ,
-        "TIDEGATE_STACK_VAR": str(var),
-        "TIDEGATE_STACK_KAFKA_PORT": str(kafka),
-        "TIDEGATE_STACK_CONTROLLER_PORT": str(controller),
-        "TIDEGATE_STACK_PG_PORT": str(pg),
-        "TIDEGATE_STACK_REDIS_PORT": str(rds),
-        "TIDEGATE_STACK_REGISTRY_PORT": str(registry),
+    extra = {
         "TIDEGATE_STACK_SERVICES": ",".join(servers),
         "TIDEGATE_STACK_KAFKA_HEAP": "512m",
         "TIDEGATE_TOPICS_PARTITIONS": "4",
     }
-    ports = {
-        "kafka": kafka,
-        "controller": controller,
-        "postgres": pg,
-        "redis": rds,
-        "registry": registry,
-    }
-    try:
-        yield env, var, ports
-    finally:
-        stack("down", env)  # whatever the test did, leave nothing running
-        shutil.rmtree(var, ignore_errors=True)
+    with own_stack("tidegate-stack-", extra) as own:
+        yield own.env, own.var, own.ports
 
 
 # Three `stack.sh` runs of up to 150 s each: more than the default.
