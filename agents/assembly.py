@@ -46,9 +46,9 @@ from tidegate.core.settings import (
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
-    TracingSettings,
 )
 from tidegate.core.telemetry import get_logger
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import Tracing, start_tracing
 from tidegate.dlq.failure_settings import FailureSettings
 from tidegate.dlq.retry_relay import RetryRelay

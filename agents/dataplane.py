@@ -41,6 +41,7 @@ from tidegate.agents.inference_task import InferenceTask
 from tidegate.agents.loaded import LoadedModel
 from tidegate.agents.result_builders import Timings, error_result, ok_result
 from tidegate.agents.shadow import ShadowJob, ShadowRequest, ShadowRunner
+from tidegate.agents.signature_checks import SignatureChecks
 from tidegate.agents.version_manager import TableSource
 from tidegate.agents.worker_tracing import compute_span
 from tidegate.core.errors import (
@@ -54,7 +55,6 @@ from tidegate.core.errors import (
 )
 from tidegate.lifecycle.domain.routing import Decision
 from tidegate.schemas.requests import diverted_from
-from tidegate.schemas.signature import validate_inputs
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
 __all__ = [
@@ -62,7 +62,6 @@ __all__ = [
     "SHADOWED_RULES",
     "InferenceService",
     "RowCountError",
-    "SignatureChecks",
     "Versions",
 ]
 
@@ -388,40 +387,6 @@ class InferenceService:
             metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
         for label, count in counts.items():
             metrics.requests(*label).inc(count)
-
-
-class SignatureChecks:
-    """Requests that passed the signature check, by model version and the names, datatypes and
-    shapes of their tensors: those decide the check, so each combination is checked once."""
-
-    _MAX = 4096
-
-    def __init__(self) -> None:
-        self._passed: dict[Hashable, tuple[str, ...]] = {}
-
-    def outputs(self, model: LoadedModel, request: dict[str, Any]) -> tuple[str, ...]:
-        """The outputs the request gets; `InvalidInputError` when it does not fit the model."""
-        inputs = request["inputs"]
-        asked = request.get("outputs")
-        key = (
-            model.name,
-            model.version,
-            tuple((t["name"], t["datatype"], tuple(t["shape"])) for t in inputs),
-            tuple(asked) if asked else None,
-        )
-        wanted = self._passed.get(key)
-        if wanted is not None:
-            return wanted
-        validate_inputs(model.signature, inputs)
-        known = [spec.name for spec in model.signature.outputs]
-        wanted = tuple(asked or known)
-        for name in wanted:
-            if name not in known:
-                raise InvalidInputError(f"unknown output {name!r}; the model gives {known}", name)
-        if len(self._passed) >= self._MAX:
-            self._passed.clear()  # unbounded shapes must not grow the worker's memory
-        self._passed[key] = wanted
-        return wanted
 
 
 def _member(

@@ -43,11 +43,12 @@ from tidegate.agents.membership import check_membership, consumer_options, prepa
 from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.solo_lane import SoloLane
+from tidegate.agents.worker_producers import Transactions, start_publisher, worker_producer
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.agents.worker_tracing import batch_span, consumed
 from tidegate.core.aio import OwnerThread, cancel_and_wait
 from tidegate.core.errors import RetriableError
-from tidegate.core.kafka import make_consumer, make_producer
+from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.core.tracing import TRACING_OFF, Tracing
@@ -127,11 +128,17 @@ class InferenceWorker:
         self._failed: asyncio.Future[None] = self._loop.create_future()
         client = SchemaRegistryClient(self._registry.client_config())
         client_id = f"{self._kafka.client_id}-{self.settings.worker_id}"
-        self._publisher = Publisher(self._new_producer(client_id), client, self.topics)
+        transactions = (
+            Transactions(self.transactional_id, self.settings.transaction_timeout_ms)
+            if self._exactly_once
+            else None
+        )
+        producer = worker_producer(self._kafka, client_id, transactions)
+        self._publisher = Publisher(producer, client, self.topics)
         self._decoder = RequestDecoder(
             AvroDecoder(client, load_schema(INFERENCE_REQUEST)), self._publisher.reply_refusal
         )
-        await asyncio.to_thread(self._start_publisher)
+        await asyncio.to_thread(start_publisher, self._publisher, self._kafka, self._exactly_once)
         self._sink = self._new_sink()
         if self._relay is not None:
             await asyncio.to_thread(self._relay.start)
@@ -173,22 +180,6 @@ class InferenceWorker:
             self._tasks.insert(0, self._loop.create_task(self._transact(), name="transactions"))
         for task in self._tasks:
             task.add_done_callback(self._watch)
-
-    def _new_producer(self, client_id: str) -> Any:
-        extra: dict[str, Any] = {"client.id": client_id}
-        if self._exactly_once:
-            extra["transactional.id"] = self.transactional_id
-            extra["transaction.timeout.ms"] = self.settings.transaction_timeout_ms
-        return make_producer(self._kafka, extra)
-
-    def _start_publisher(self) -> None:
-        self._publisher.start()
-        if self._exactly_once:
-            # Fences an earlier process with the same transactional.id and aborts what it left
-            # open, so its partitions' readers need not wait for the transaction timeout.
-            self._publisher.producer.init_transactions(30.0)
-            side = make_producer(self._kafka, {"client.id": f"{self._kafka.client_id}-side"})
-            self._publisher.side = side
 
     def _new_sink(self) -> ResultSink:
         if self._exactly_once:

@@ -32,7 +32,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from tidegate.core.settings import TelemetrySettings
+from tidegate.core.telemetry_settings import TelemetrySettings
 
 __all__ = [
     "RDKAFKA_LOGGER",

@@ -40,7 +40,7 @@ from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
 from tidegate.core.errors import ConfigurationError
-from tidegate.core.settings import TracingSettings
+from tidegate.core.telemetry_settings import TracingSettings
 
 __all__ = [
     "TRACING_OFF",

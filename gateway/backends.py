@@ -26,8 +26,8 @@ from tidegate.core.settings import (
     RedisSettings,
     SchemaRegistrySettings,
     TopicSettings,
-    TracingSettings,
 )
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import TRACING_OFF, Tracing, start_tracing
 from tidegate.gateway.admission_settings import AdmissionSettings
 from tidegate.gateway.auth_settings import AuthSettings

@@ -43,6 +43,7 @@ from tidegate.gateway import call_record, http_metrics
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.backends import GatewayServices
 from tidegate.gateway.body import check_elements
+from tidegate.gateway.call_deadline import CallDeadline
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import (
     RequestIdTakenError,
@@ -51,7 +52,6 @@ from tidegate.gateway.http_errors import (
     StoreUnavailableError,
 )
 from tidegate.gateway.identity import Identity
-from tidegate.gateway.publisher import Delivery
 from tidegate.gateway.replies import ReplyRouter
 from tidegate.gateway.responses import OutputPrefs
 from tidegate.schemas.requests import fallback_allowed
@@ -71,8 +71,6 @@ _RESERVE_S = 5.0
 
 # The metric label of calls for no model this gateway serves: made-up names never become series.
 UNKNOWN_MODEL = "_unknown"
-
-Reply = asyncio.Future[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +373,7 @@ class Inference:
             raise
         reply = self._router.expect(request_id, owner, nonce)
         try:
-            deadline = _Deadline(reply, wait_s, request_id)
+            deadline = CallDeadline(reply, wait_s, request_id)
             deadline.arm(self._services.publisher.send(record, lane, deadline.failed))
             try:
                 return await reply
@@ -450,58 +448,3 @@ def _meta(
     if publishing:
         meta[_PUBLISHING] = True
     return meta
-
-
-class _Deadline:
-    """Ends a synchronous call's wait for its reply when the publish fails, or at the deadline once
-    Kafka has acknowledged the request (if the ack is late, when it comes). A successful publish
-    costs the loop nothing: its acknowledgement is a flag on the `Delivery`, read only here."""
-
-    __slots__ = ("_delivery", "_reply", "_request_id", "_timer", "_wait_s")
-
-    def __init__(self, reply: Reply, wait_s: float, request_id: str) -> None:
-        self._reply = reply
-        self._wait_s = wait_s
-        self._request_id = request_id
-        self._delivery: Delivery | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def arm(self, delivery: Delivery) -> None:
-        """The request is enqueued: its deadline runs from now."""
-        self._delivery = delivery
-        self._timer = asyncio.get_running_loop().call_later(self._wait_s, self._passed)
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def failed(self, error: Exception) -> None:
-        """The publish failed (on the loop): the call ends with it."""
-        self._end(error)
-
-    def _passed(self) -> None:
-        delivery = self._delivery
-        if delivery is None or delivery.error is not None:
-            return  # ended by its failure already
-        # Kafka may not have it yet: a 504 then would promise a fetch of a request that may never
-        # be taken, so the ack ends the call when it comes (librdkafka settles it within
-        # `publish_timeout_s`). Asked for before `acked` is read: see `Delivery.acknowledged`.
-        delivery.on_ack = self._ack_after_deadline
-        if delivery.acked:
-            self._end(self._timeout())
-
-    def _ack_after_deadline(self) -> None:
-        self._end(self._timeout())
-
-    def _timeout(self) -> ResultTimeoutError:
-        # The request's deadline is this wait (or earlier): a worker that reaches it later
-        # answers DEADLINE_EXCEEDED rather than compute it, unless it was computing already.
-        return ResultTimeoutError(
-            f"no result for {self._request_id} within {self._wait_s}s, its deadline: it will be "
-            "answered DEADLINE_EXCEEDED, unless a worker computed it just in time; the answer "
-            f"can be fetched at {call_record.location(self._request_id)}"
-        )
-
-    def _end(self, error: BaseException) -> None:
-        if not self._reply.done():
-            self._reply.set_exception(error)

@@ -31,7 +31,8 @@ from tidegate.agents.result_builders import Timings, ok_result
 from tidegate.agents.sinks import AckedSink
 from tidegate.agents.worker_tracing import batch_span, consumed
 from tidegate.core import tracing as tracing_module
-from tidegate.core.settings import TopicSettings, TracingSettings
+from tidegate.core.settings import TopicSettings
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import KafkaHeaders, span_headers, start_tracing
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema, topic_subjects
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder

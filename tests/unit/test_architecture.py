@@ -2,8 +2,9 @@
 
 `make lint` runs import-linter on the real tree; these tests prove that the contracts bite (a
 forbidden import makes the lint fail) and check what import-linter does not: every module imports
-in a fresh interpreter without a bare folder name, no package cycle exists, no module name repeats,
-and no function body imports one of ours except where a heavy import is deferred on purpose.
+in a fresh interpreter without a bare folder name, no package cycle exists, no module name repeats
+or runs past 500 lines, and no function body imports one of ours except where a heavy import is
+deferred on purpose.
 """
 
 from __future__ import annotations
@@ -181,6 +182,19 @@ def test_module_names_do_not_repeat_across_packages() -> None:
             by_name[last].append(dotted)
     repeated = {name: where for name, where in by_name.items() if len(where) > 1}
     assert repeated == {}
+
+
+# The card's bound on one module: past it, a module holds more than one thing.
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_runs_past_the_bound() -> None:
+    long = {
+        dotted: lines
+        for dotted, path in module_files().items()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
 
 
 def function_body_imports(path: Path) -> set[str]:

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 from tests.integration.gateway.gateway_fixtures import GatewayServer
 from tests.integration.workers import Stack, running
 from tests.support import unique
-from tidegate.core.settings import TracingSettings
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import start_tracing
 from tidegate.gateway.auth_settings import AuthSettings
 from tidegate.gateway.backends import GatewayConfig, kafka_services

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from tests.support import unique
 from tests.unit.agents import delivery_support as delivery
 from tidegate.agents import worker as worker_module
+from tidegate.agents import worker_producers
 from tidegate.agents.dataplane import InferenceService
 from tidegate.agents.delivery import Ack
 from tidegate.agents.worker import InferenceWorker
@@ -280,7 +281,8 @@ class Harness:
         self.worker: InferenceWorker | None = None
         self.stopped = False
         self._monkeypatch = monkeypatch
-        monkeypatch.setattr(worker_module, "make_producer", lambda *_: None)
+        monkeypatch.setattr(worker_module, "worker_producer", lambda *_: None)
+        monkeypatch.setattr(worker_producers, "make_producer", lambda *_: None)
         monkeypatch.setattr(worker_module, "Publisher", lambda *_: self.publisher)
 
     async def start(

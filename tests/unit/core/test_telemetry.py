@@ -13,8 +13,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidegate.core.kafka import make_consumer, make_producer
-from tidegate.core.settings import KafkaSettings, TelemetrySettings, TracingSettings
+from tidegate.core.settings import KafkaSettings
 from tidegate.core.telemetry import LineCap, RepeatSummary, configure_logging
+from tidegate.core.telemetry_settings import TelemetrySettings, TracingSettings
 from tidegate.core.tracing import start_tracing
 
 

@@ -10,7 +10,7 @@ from opentelemetry.trace import Link, SpanKind, get_current_span
 from pydantic import ValidationError
 
 from tidegate.core.errors import ConfigurationError
-from tidegate.core.settings import TracingSettings
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import (
     TRACING_OFF,
     Tracing,

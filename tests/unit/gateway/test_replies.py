@@ -10,7 +10,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.unit.gateway_harness import MemoryStore
-from tidegate.core.settings import TracingSettings
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import context_from_headers, span_headers, start_tracing
 from tidegate.gateway.admission import Admission
 from tidegate.gateway.replies import ReplyRouter

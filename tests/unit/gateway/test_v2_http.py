@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.unit.gateway_harness import Harness, features
-from tidegate.core.settings import TracingSettings
+from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import start_tracing
 from tidegate.gateway.app import create_app
 
