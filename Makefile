@@ -64,7 +64,8 @@ TEST_WORKERS ?= 3
 PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 
 test: up models ## Run the whole suite (unit, integration, e2e) against the real stack, files in parallel.
-	$(BIN)/pytest $(PARALLEL) tests/unit tests/integration tests/e2e
+	$(BIN)/pytest $(PARALLEL) -m "not solo" tests/unit tests/integration tests/e2e
+	$(BIN)/pytest -m solo tests/e2e
 
 test-fast: $(STAMP)/venv ## The fast tier: unit tests with no servers, subprocesses, wheel builds or torch; needs only the venv.
 	$(BIN)/pytest tests/unit -m "not slow"

@@ -25,7 +25,9 @@ def cold_stack() -> Iterator[dict[str, str]]:
 
 
 # `make demo` may take its 900 s: the test's own limit is longer, so its output is what a slow
-# run shows.
+# run shows. It runs alone (`make test`'s second pass): beside two other test files on our 2 cores
+# its HTTP step measured p99 4 s and erred twice, which says nothing of the demo a user runs.
+@pytest.mark.solo
 @pytest.mark.timeout(1000)
 def test_make_demo_runs_the_pipeline_end_to_end(cold_stack: dict[str, str]) -> None:
     done = subprocess.run(
