@@ -1,5 +1,5 @@
-"""`tidegate stack ...`: health checks, topics and the registry credentials of the local stack
-(used by infra/stack.sh).
+"""`tidegate stack ...`: health checks, topics, Kafka ACLs and the registry credentials of the
+local stack (used by infra/stack.sh).
 
 Settings come from the environment (infra/lib.sh exports them for a stack on other ports).
 """
@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from tidegate.cli.acl_commands import acls
 from tidegate.core import stack
 from tidegate.core.db import make_pool, migrate
 from tidegate.core.kafka import make_admin
@@ -31,6 +32,7 @@ from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 __all__ = ["Server", "app"]
 
 app = typer.Typer(no_args_is_help=True)
+app.command("acls")(acls)
 
 # librdkafka logs informational lines (e.g. BGQUEUE when an admin client closes) to stderr; these
 # commands report errors themselves, so only librdkafka's warnings and errors get through.

@@ -3,8 +3,14 @@
 # of the stack, the brokers among themselves and the tests keep using. Sourced by infra/kafka.sh
 # once KAFKA_NODES is known (needs infra/lib.sh).
 #
-#   SASL_SSL  127.0.0.1:9192  TLS, then SCRAM-SHA-512 as user `tidegate`
+#   SASL_SSL  127.0.0.1:9192  TLS, then SCRAM-SHA-512 as user `tidegate` (the admin), or as the
+#                             principal of one component: `tidegate-gateway`, `tidegate-worker`, ...
 #   MTLS      127.0.0.1:9193  TLS with a client certificate required (security.protocol=SSL)
+#
+# On these listeners the broker's StandardAuthorizer allows each component's principal only what
+# `tidegate stack acls` lists (core/kafka_acls.py, docs/security.md). The admin (`tidegate`, by
+# password or by the client certificate's CN) and the loopback PLAINTEXT listener, which the local
+# stack's own processes and the tests use, are super users.
 #
 # KAFKA_SECURITY=sasl_ssl adds them, KAFKA_SECURITY=none leaves only PLAINTEXT. The default is
 # sasl_ssl on the single node at the default port 9092 (`make up`, so CI runs its test) and none
@@ -17,14 +23,18 @@
 #   client.crt, client.key   the mTLS client's certificate and its key, encrypted
 #   *.password               the keystore's, the client key's and the SCRAM user's passwords
 #   sasl-ssl.env, mtls.env   TIDEGATE_KAFKA_* settings for each listener (`set -a; . FILE`)
+#   <component>.env          SASL_SSL settings of that component's principal (scram-<component>.password)
 # Deleting the folder makes new ones on the next start. No secret is ever printed.
 
 KAFKA_TLS_DIR=$KAFKA_ROOT/tls
 KAFKA_SASL_SSL_PORT=${TIDEGATE_STACK_KAFKA_SASL_SSL_PORT:-9192}
 KAFKA_MTLS_PORT=${TIDEGATE_STACK_KAFKA_MTLS_PORT:-9193}
 KAFKA_SCRAM_USER=tidegate
+# Each has the SCRAM user tidegate-<component> and the ACLs of core/kafka_acls.py.
+KAFKA_COMPONENTS=(gateway worker controller registry operator producer)
 KAFKA_TLS_FILES=(ca.crt ca.key broker.p12 broker.password client.crt client.key
   client.key.password scram.password)
+for c in "${KAFKA_COMPONENTS[@]}"; do KAFKA_TLS_FILES+=("scram-$c.password"); done
 
 if [[ -z "${KAFKA_SECURITY:-}" ]]; then
   KAFKA_SECURITY=none
@@ -75,7 +85,9 @@ keyUsage = critical, digitalSignature
 extendedKeyUsage = clientAuth
 authorityKeyIdentifier = keyid
 EOF
-  for f in broker client.key scram; do openssl rand -hex 24 >"$dir/$f.password"; done
+  for f in broker client.key scram "${KAFKA_COMPONENTS[@]/#/scram-}"; do
+    openssl rand -hex 24 >"$dir/$f.password"
+  done
   local ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256)
   openssl req -x509 -config "$dir/openssl.cnf" -extensions ca "${ec[@]}" -noenc \
     -keyout "$dir/ca.key" -out "$dir/ca.crt" -days 3650 -subj "/CN=tidegate local Kafka CA"
@@ -130,6 +142,10 @@ listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL
 listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.mtls.ssl.client.auth=required
+# The client certificate's CN is the principal (CN=tidegate is User:tidegate, the admin).
+ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/\$1/,DEFAULT
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:$KAFKA_SCRAM_USER
 ssl.keystore.type=PKCS12
 ssl.keystore.location=$d/broker.p12
 ssl.keystore.password=$(<"$d/broker.password")
@@ -147,6 +163,14 @@ TIDEGATE_KAFKA_SASL_USERNAME=$KAFKA_SCRAM_USER
 TIDEGATE_KAFKA_SASL_PASSWORD=$(<"$d/scram.password")
 TIDEGATE_KAFKA_SSL_CA_LOCATION=$d/ca.crt
 EOF
+    local c
+    for c in "${KAFKA_COMPONENTS[@]}"; do
+      {
+        grep -v '^TIDEGATE_KAFKA_SASL_\(USERNAME\|PASSWORD\)=' "$d/sasl-ssl.env"
+        echo "TIDEGATE_KAFKA_SASL_USERNAME=tidegate-$c"
+        echo "TIDEGATE_KAFKA_SASL_PASSWORD=$(<"$d/scram-$c.password")"
+      } >"$d/$c.env"
+    done
     cat >"$d/mtls.env" <<EOF
 TIDEGATE_KAFKA_BOOTSTRAP_SERVERS=$STACK_HOST:$KAFKA_MTLS_PORT
 TIDEGATE_KAFKA_SECURITY_PROTOCOL=SSL
@@ -158,23 +182,30 @@ EOF
   )
 }
 
-# kafka_tls_users: once the broker is healthy, sets the SCRAM user (through the PLAINTEXT
-# listener's admin API: the password never reaches a command line) and checks both secure
-# listeners. Done again only when the storage was formatted anew or the passwords made anew: the
-# marker holds the storage's directory.id and is kept in the folder of the passwords.
+# kafka_tls_users: once the broker is healthy, sets the SCRAM users (through the PLAINTEXT
+# listener's admin API: no password reaches a command line) and checks both secure listeners.
+# Done again only when the storage was formatted anew or the passwords made anew: the marker holds
+# the storage's directory.id and is kept in the folder of the passwords. The components' ACLs are
+# applied on every start (creating one that exists changes nothing), so a new table takes effect.
 kafka_tls_users() {
-  local marker=$KAFKA_TLS_DIR/users.done storage out
+  local marker=$KAFKA_TLS_DIR/users.done storage out c envs=()
   if ! kafka_tls_listening; then
     log "kafka: runs without the SASL_SSL and mTLS listeners (started before they were added);" \
       "\`make down && make up\` adds them"
     return 0
   fi
   storage=$(sed -n 's/^directory.id=//p' "$KN_DIR/data/meta.properties" 2>/dev/null) || true
-  [[ -n "$storage" && -f "$marker" && "$(<"$marker")" == "$storage" ]] && return 0
-  # librdkafka's lines (stderr) go to the log; stdout is the one line of the outcome.
-  out=$("$STACK_BIN/python" "$STACK_INFRA/kafka_users.py" "$KAFKA_SCRAM_USER" \
-    "$KAFKA_TLS_DIR/sasl-ssl.env" "$KAFKA_TLS_DIR/mtls.env" 2>>"$KAFKA_ROOT/logs/tls.log") ||
-    fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "the SASL_SSL and mTLS listeners are not usable"
-  echo "$storage" >"$marker"
-  log "kafka: $out"
+  if [[ -z "$storage" || ! -f "$marker" || "$(<"$marker")" != "$storage" ]]; then
+    for c in "${KAFKA_COMPONENTS[@]}"; do envs+=("$KAFKA_TLS_DIR/$c.env"); done
+    # librdkafka's lines (stderr) go to the log; stdout is the one line of the outcome.
+    out=$("$STACK_BIN/python" "$STACK_INFRA/kafka_users.py" "$KAFKA_SCRAM_USER" \
+      "$KAFKA_TLS_DIR/sasl-ssl.env" "$KAFKA_TLS_DIR/mtls.env" "${envs[@]}" \
+      2>>"$KAFKA_ROOT/logs/tls.log") ||
+      fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "the SASL_SSL and mTLS listeners are not usable"
+    echo "$storage" >"$marker"
+    log "kafka: $out"
+  fi
+  out=$("$STACK_BIN/tidegate" stack acls --apply 2>>"$KAFKA_ROOT/logs/tls.log") ||
+    fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "applying the components' ACLs failed"
+  log "kafka: ${out##*$'\n'}"
 }

@@ -1,10 +1,12 @@
-"""Sets the local Kafka's SCRAM-SHA-512 user and checks its SASL_SSL and mutual-TLS listeners.
+"""Sets the local Kafka's SCRAM-SHA-512 users and checks its SASL_SSL and mutual-TLS listeners.
 
 Run by infra/kafka-tls.sh once the broker is healthy:
 
-    python infra/kafka_users.py USER SASL_SSL_ENV MTLS_ENV
+    python infra/kafka_users.py USER SASL_SSL_ENV MTLS_ENV [COMPONENT_ENV ...]
 
-The user is upserted through the admin API of the PLAINTEXT listener (the address that infra/lib.sh
+USER (the admin) is upserted with the SASL_SSL env file's password, and so is each component's
+user, named and with the password of its own env file (`TIDEGATE_KAFKA_SASL_USERNAME`). Each user is
+upserted through the admin API of the PLAINTEXT listener (the address that infra/lib.sh
 exports as TIDEGATE_KAFKA_BOOTSTRAP_SERVERS), with the password read from the SASL_SSL env file, so
 it never appears on a command line or in output. Each listener is then asked for the cluster's
 metadata with its own env file's settings, as a client of tidegate would connect: `make up` fails
@@ -45,16 +47,17 @@ def env_settings(path: Path) -> KafkaSettings:
     return KafkaSettings.model_validate(read_env_file(path, PREFIX))
 
 
-def upsert(user: str, secure: KafkaSettings, plain: KafkaSettings) -> None:
-    if secure.sasl_password is None:
-        raise SystemExit("the SASL_SSL env file names no TIDEGATE_KAFKA_SASL_PASSWORD")
-    password = secure.sasl_password.get_secret_value().encode()
+def upsert(users: dict[str, KafkaSettings], plain: KafkaSettings) -> None:
+    """Sets each user's SCRAM credential to the password of its settings."""
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, ITERATIONS)
-    admin = make_admin(plain)
-    futures = admin.alter_user_scram_credentials(
-        [UserScramCredentialUpsertion(user, info, password)]
-    )
-    for future in futures.values():
+    upsertions = []
+    for user, secure in users.items():
+        if secure.sasl_password is None:
+            raise SystemExit(f"the env file of {user} names no TIDEGATE_KAFKA_SASL_PASSWORD")
+        password = secure.sasl_password.get_secret_value().encode()
+        upsertions.append(UserScramCredentialUpsertion(user, info, password))
+    admin = make_admin(plain)  # held until every future is done: a freed client cancels them
+    for future in admin.alter_user_scram_credentials(upsertions).values():
         future.result(timeout=30)
 
 
@@ -74,10 +77,11 @@ def answers(settings: KafkaSettings) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python infra/kafka_users.py USER SASL_SSL_ENV MTLS_ENV", file=sys.stderr)
+    if len(argv) < 3:
+        usage = "usage: python infra/kafka_users.py USER SASL_SSL_ENV MTLS_ENV [COMPONENT_ENV ...]"
+        print(usage, file=sys.stderr)
         return 2
-    user, sasl_env, mtls_env = argv
+    user, sasl_env, mtls_env, *component_envs = argv
     # Only the PLAINTEXT address comes from the environment: the settings of a shell that sourced
     # an env file of the secure listeners must not leak into any client here.
     servers = os.environ.get(f"{PREFIX}BOOTSTRAP_SERVERS", DEFAULT)
@@ -85,12 +89,18 @@ def main(argv: list[str]) -> int:
         del os.environ[key]
     plain = KafkaSettings(bootstrap_servers=servers)
     sasl, mtls = env_settings(Path(sasl_env)), env_settings(Path(mtls_env))
-    upsert(user, sasl, plain)
-    answers(sasl)
-    answers(mtls)
+    users = {user: sasl}
+    for path in component_envs:
+        settings = env_settings(Path(path))
+        if settings.sasl_username is None:
+            raise SystemExit(f"{path} names no TIDEGATE_KAFKA_SASL_USERNAME")
+        users[settings.sasl_username] = settings
+    upsert(users, plain)
+    for settings in (mtls, *users.values()):
+        answers(settings)
     print(
-        f"SCRAM-SHA-512 user {user} set; SASL_SSL on {sasl.bootstrap_servers} and mTLS on "
-        f"{mtls.bootstrap_servers} answer"
+        f"SCRAM-SHA-512 users {', '.join(users)} set; SASL_SSL on {sasl.bootstrap_servers} and "
+        f"mTLS on {mtls.bootstrap_servers} answer"
     )
     return 0
 

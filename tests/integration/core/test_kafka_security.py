@@ -11,11 +11,9 @@ refusals are checked by what matters: nothing a refused client sends is delivere
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +21,8 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from pydantic import SecretStr
 
+from tests.integration.kafka_listeners import listener
 from tests.integration.workers import (
-    ROOT,
     Reader,
     Stack,
     in_thread,
@@ -34,33 +32,9 @@ from tests.integration.workers import (
     tiny_softmax,
 )
 from tests.support import unique, wait_for
-from tidegate.core.kafka import make_admin, make_consumer, make_producer
+from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings
 from tidegate.models.model_settings import ModelSettings
-
-TLS = Path(os.environ.get("TIDEGATE_STACK_VAR", ROOT / "var")) / "kafka" / "tls"
-PREFIX = "TIDEGATE_KAFKA_"
-
-
-def listener(name: str) -> KafkaSettings:
-    """The settings of var/kafka/tls/NAME.env, checked to reach a broker that answers on them."""
-    path = TLS / f"{name}.env"
-    if not path.exists():
-        pytest.fail(f"no {path}: start the stack with its secure listeners (`make up`)")
-    fields = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.startswith(PREFIX):
-            fields[key.removeprefix(PREFIX).lower()] = value
-    settings = KafkaSettings.model_validate(fields)
-    try:
-        make_admin(settings).list_topics(timeout=15)
-    except Exception as exc:
-        pytest.fail(
-            f"{settings.bootstrap_servers} ({name}) does not answer ({exc}); a broker started "
-            "before the secure listeners existed needs `make down && make up`"
-        )
-    return settings
 
 
 @pytest.fixture(scope="module")
