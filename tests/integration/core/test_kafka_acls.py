@@ -113,7 +113,7 @@ def consume_error(settings: KafkaSettings, group: str, topic: str) -> KafkaError
     return error
 
 
-async def test_the_pipeline_runs_with_each_component_on_its_own_principal(
+async def test_a_worker_and_a_producer_on_their_own_principals_serve_requests(
     stack: Stack, models: ModelSettings, principals: Principals
 ) -> None:
     worker = replace(stack, kafka=principals.kafka[Component.WORKER])
