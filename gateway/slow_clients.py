@@ -119,6 +119,10 @@ _TOO_MANY = _problem(
 
 
 _INFER_PREFIX = b"/v2/models/"
+# A connection cut off after its answer reads and drops what the client still sends for this long
+# or this many bytes, so that closing with unread bytes does not send an RST over the answer.
+_LINGER_S = 2.0
+_LINGER_BYTES = 1 << 20
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -141,6 +145,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # The head of the current request is still arriving, and how many bytes of it have.
         self._in_head = True
         self._head_bytes = 0
+        # Bytes still to drop while lingering after a cut-off answer; None when not lingering.
+        self._lingering: int | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -169,6 +175,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            self._lingering -= len(data)
+            if self._lingering < 0:
+                self.transport.close()
+            return
         # The head (request line and headers) is counted here, as raw bytes read, rather than in
         # the parser's callbacks: httptools joins a header's fragments itself and calls on_header
         # only once the header is whole, so one header of gigabytes would be held in memory
@@ -206,7 +217,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._peer,
             self._limits.max_header_bytes,
         )
-        self.transport.close()
+        self._close_after_answer()
 
     # Parser callbacks: a request begins, its headers end, its body ends.
     def on_message_begin(self) -> None:
@@ -312,7 +323,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle.disconnected = True
             cycle.message_event.set()
         _log.warning("cut off %s: its request %s did not arrive in time", self._peer, part)
-        self.transport.close()
+        self._close_after_answer()
+
+    def _close_after_answer(self) -> None:
+        """Close once the client can read the answer, as nginx's lingering close does: send FIN
+        after it, then read and drop what the client still sends (it may be mid-way through a
+        head or body) until it closes, for at most `_LINGER_S` or `_LINGER_BYTES`. Closing at
+        once with unread bytes sends an RST, which can destroy the answer before it is read."""
+        transport = self.transport
+        if not transport.can_write_eof():  # TLS: close_notify, then close
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering = _LINGER_BYTES
+        self._disarm()
+        self._timer = self.loop.call_later(_LINGER_S, transport.close)
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GatewayHttpProtocol]:

@@ -256,12 +256,17 @@ def test_close_flushes_and_a_closed_trail_only_counts(
     trail: KafkaAuditTrail, producer: FakeProducer
 ) -> None:
     service = trail.service
+    # This trail's own poll thread: other trails in this process (other test files on the same
+    # pytest-xdist worker) may have theirs.
+    poller = trail._poller
+    assert poller is not None
+    assert poller.is_alive(), "the started trail polls on a thread"
     assert trail.close() == 0
     assert producer.flushed
     trail.record("keys.create", actor="alice", outcome="success")
     assert failures(service, "not_started") == 1
     assert producer.sent == []
-    assert not any(t.name == "audit-poll" for t in threading.enumerate())
+    assert not poller.is_alive(), "closing the trail stops its poll thread"
 
 
 def test_start_fails_when_the_audit_subject_is_not_registered(
