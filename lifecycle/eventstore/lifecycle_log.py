@@ -1,11 +1,15 @@
 """The lifecycle log: how the worker, the commands and the controller write events.
 
-`append` commits to the event store (which also queues the events in the outbox), then asks the
-relay to publish them at once, so a writer's events are usually on Kafka when `append` returns.
-That publish is best effort and bounded: the commit is what counts, so `append` waits for it at
-most `publish_wait_s` (Kafka down must not make every command and worker report take the
-delivery timeout); the publish goes on in the background, and if it fails the controller's relay
-loop (or the next append) publishes the events later.
+`append` commits to the event store, which also queues the events in the outbox and NOTIFYs the
+controller's relay; the relay publishes them to Kafka within milliseconds. So only the controller
+writes the lifecycle topic (its principal alone has WRITE there, docs/security.md), and a writer
+needs no Kafka producer at all: what counts is the commit.
+
+`publish=True` gives the log a relay of its own that publishes each append at once, for a
+set-up that runs no controller (and for tests that stand in for one). That publish is best effort
+and bounded: `append` waits for it at most `publish_wait_s` (Kafka down must not make every command
+take the delivery timeout); the publish goes on in the background, and if it fails the
+controller's relay loop (or the next append) publishes the events later.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ _PUBLISH_WAIT_S = 2.0
 
 
 class LifecycleLog:
-    """Event store plus outbox relay. Use as an async context manager (or `start`/`stop`).
+    """Event store, and an outbox relay when it publishes its own appends. Use as an async
+    context manager (or `start`/`stop`).
 
     Built by `from_settings`, it owns its pool and closes it; given a pool, it leaves it open.
     """
@@ -52,7 +57,7 @@ class LifecycleLog:
     def __init__(
         self,
         store: EventStore,
-        relay: OutboxRelay,
+        relay: OutboxRelay | None = None,
         *,
         owned_pool: AsyncConnectionPool[Any] | None = None,
         publish_wait_s: float = _PUBLISH_WAIT_S,
@@ -75,12 +80,18 @@ class LifecycleLog:
         registry: SchemaRegistrySettings,
         *,
         require_store: bool = True,
+        publish: bool = False,
     ) -> LifecycleLog:
         """`require_store=False` starts without waiting for PostgreSQL (appends fail as
-        unavailable until it answers): a worker serves without it and retries its reports."""
+        unavailable until it answers): a worker serves without it and retries its reports.
+        `publish=True` publishes each append from this process too (see the module's doc)."""
         pool = make_pool(pg, lc)
-        codec = LifecycleCodec(SchemaRegistryClient(registry.client_config()), topics)
-        relay = OutboxRelay(pool, kafka, topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s)
+        relay = None
+        if publish:
+            codec = LifecycleCodec(SchemaRegistryClient(registry.client_config()), topics)
+            relay = OutboxRelay(
+                pool, kafka, topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s
+            )
         return cls(EventStore(pool), relay, owned_pool=pool, require_store=require_store)
 
     @property
@@ -88,8 +99,8 @@ class LifecycleLog:
         return self.store.pool
 
     async def start(self) -> None:
-        """Open the pool (if owned) and the relay's producer. The relay loop is not started:
-        that is the controller's job; appends publish their own events."""
+        """Open the pool (if owned) and the relay's producer, if any. The relay loop is not
+        started: that is the controller's job."""
         if self._owned_pool is not None and not self._require_store:
             await self._owned_pool.open(wait=False)
         elif self._owned_pool is not None:
@@ -98,7 +109,8 @@ class LifecycleLog:
             except Exception as exc:
                 await self._owned_pool.close()
                 raise LifecycleUnavailableError(f"cannot reach the event store: {exc}") from exc
-        await self.relay.open()
+        if self.relay is not None:
+            await self.relay.open()
 
     async def stop(self) -> None:
         if self._publishing:
@@ -106,7 +118,8 @@ class LifecycleLog:
             await asyncio.wait(self._publishing, timeout=self._publish_wait)
             await cancel_and_wait(list(self._publishing))
         try:
-            await self.relay.close()
+            if self.relay is not None:
+                await self.relay.close()
         finally:
             if self._owned_pool is not None:
                 await self._owned_pool.close()
@@ -121,9 +134,12 @@ class LifecycleLog:
     async def append(
         self, stream: str, events: Sequence[NewEvent], *, expected_version: int | None
     ) -> list[RecordedEvent]:
-        """`EventStore.append`, then publish. Raises what the append raises (conflicts, an
-        unavailable store); a failed publish is only logged, as the events are committed."""
+        """`EventStore.append`, then publish when the log has a relay. Raises what the append
+        raises (conflicts, an unavailable store); a failed publish is only logged, as the events
+        are committed."""
         recorded = await self.store.append(stream, events, expected_version=expected_version)
+        if self.relay is None:
+            return recorded
         where = f"{stream}/{recorded[0].sequence}..{recorded[-1].sequence}"
         publish = asyncio.ensure_future(self.relay.flush())
         self._publishing.add(publish)

@@ -12,7 +12,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +29,7 @@ from tests.support import unique, wait_for
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
 from tidegate.agents.loaded import ModelLoader
 from tidegate.agents.worker_settings import WorkerSettings
+from tidegate.core.db import make_pool
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import (
     KafkaSettings,
@@ -40,7 +41,9 @@ from tidegate.core.tracing import Tracing
 from tidegate.dlq.failure_settings import FailureSettings
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
+from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
+from tidegate.lifecycle.eventstore.outbox import OutboxRelay
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.models.manifest import Manifest
 from tidegate.models.model_settings import ModelSettings
@@ -166,8 +169,9 @@ class Stack:
         }
 
     def log(self) -> LifecycleLog:
+        # The test stands in for the controller, whose relay would publish these appends.
         return LifecycleLog.from_settings(
-            self.pg, LifecycleSettings(), self.kafka, self.topics, self.registry
+            self.pg, LifecycleSettings(), self.kafka, self.topics, self.registry, publish=True
         )
 
     async def append(self, *payloads: ev.Payload, model: str = "tiny") -> None:
@@ -345,10 +349,12 @@ async def running(
     loader: ModelLoader | None = None,
     tracing: Tracing | None = None,
     failure: FailureSettings | None = None,
+    relay: bool = True,
     **settings: Any,
 ) -> AsyncIterator[RunningWorker]:
     """The worker as `tidegate worker` assembles it (with an optional fake model loader, and
-    tracing and a failure policy of the test's own)."""
+    tracing and a failure policy of the test's own), and the controller's outbox relay unless
+    `relay=False` (a test that runs the controller itself)."""
     config = WorkerConfig(
         worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0, **settings),
         kafka=stack.kafka,
@@ -358,8 +364,34 @@ async def running(
         postgres=stack.pg,
         failure=failure or FailureSettings(crash_guard=False),
     )
-    async with running_worker(config, loader=loader, tracing=tracing) as worker:
-        yield worker
+    async with AsyncExitStack() as resources:
+        if relay:
+            await resources.enter_async_context(controller_relay(stack))
+        yield await resources.enter_async_context(
+            running_worker(config, loader=loader, tracing=tracing)
+        )
+
+
+@asynccontextmanager
+async def controller_relay(stack: Stack) -> AsyncIterator[OutboxRelay]:
+    """The controller's outbox relay on the stack's schema: a worker publishes none of its
+    reports itself (only the controller writes the lifecycle topic), so a test that runs no
+    controller runs its relay."""
+    lc = LifecycleSettings()
+    pool = make_pool(stack.pg, lc)
+    await pool.open(wait=True, timeout=30)
+    codec = LifecycleCodec(SchemaRegistryClient(stack.registry.client_config()), stack.topics)
+    relay = OutboxRelay(
+        pool, stack.kafka, stack.topics.lifecycle, codec.encode, poll_s=lc.outbox_poll_s
+    )
+    try:
+        await relay.start()
+        yield relay
+    finally:
+        try:
+            await relay.stop()
+        finally:
+            await pool.close()
 
 
 async def in_thread(fn: Any, *args: Any) -> Any:

@@ -27,7 +27,15 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from tests.integration.workers import SIGNATURE, Reader, Stack, in_thread, publish, request
+from tests.integration.workers import (
+    SIGNATURE,
+    Reader,
+    Stack,
+    controller_relay,
+    in_thread,
+    publish,
+    request,
+)
 from tests.support import unique, wait_for
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
 from tidegate.agents.breaker_settings import BreakerSettings
@@ -156,7 +164,8 @@ async def running(
         failure=POLICY,
         breaker=BREAKER,
     )
-    async with running_worker(config, loader=loader) as worker:
+    # The controller's relay publishes the worker's reports (VersionLoaded) to the lifecycle.
+    async with controller_relay(stack), running_worker(config, loader=loader) as worker:
         yield worker
 
 

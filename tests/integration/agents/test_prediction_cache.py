@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from tests.integration.workers import (
     Reader,
     Stack,
+    controller_relay,
     in_thread,
     publish,
     request,
@@ -96,7 +97,8 @@ async def cached_worker(
         failure=FailureSettings(crash_guard=False),
         cache=cache,
     )
-    async with running_worker(config, loader=loader) as worker:
+    # The controller's relay publishes the worker's reports (VersionLoaded) to the lifecycle.
+    async with controller_relay(stack), running_worker(config, loader=loader) as worker:
         yield worker
 
 

@@ -41,6 +41,7 @@ from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.state import ModelState
 from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
 from tidegate.lifecycle.eventstore.event_store import EventStore
+from tidegate.lifecycle.eventstore.outbox import OutboxRelay
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.lifecycle.operations.register import import_package, read_package
@@ -100,6 +101,33 @@ def loaded(pg: PostgresSettings, version: str, expected: int) -> None:
     asyncio.run(go())
 
 
+def unpublished(pg: PostgresSettings) -> int:
+    with psycopg.connect(pg.conninfo(), autocommit=True) as conn:  # the schema's search_path
+        row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def relay_once(
+    pg: PostgresSettings, kafka: KafkaSettings, registry: SchemaRegistrySettings, topic: str
+) -> None:
+    """What the controller's relay does on an append's NOTIFY: publish the outbox."""
+
+    async def go() -> None:
+        pool = make_pool(pg, LifecycleSettings())
+        await pool.open(wait=True)
+        codec = LifecycleCodec(
+            SchemaRegistryClient(registry.client_config()), TopicSettings(lifecycle=topic)
+        )
+        try:
+            async with OutboxRelay(pool, kafka, topic, codec.encode) as relay:
+                await relay.flush()
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+
+
 def topic_sequences(kafka: KafkaSettings, registry: SchemaRegistrySettings, topic: str) -> Any:
     codec = LifecycleCodec(
         SchemaRegistryClient(registry.client_config()), TopicSettings(lifecycle=topic)
@@ -126,6 +154,7 @@ def test_register_validate_inspect_and_promote(
     lifecycle_topic: str,
     kafka_settings: KafkaSettings,
     registry_settings: SchemaRegistrySettings,
+    pg_settings: PostgresSettings,
 ) -> None:
     first = register(env, packages, "1")
     assert (first["action"], first["status"], first["version"]) == ("registered", "validated", "1")
@@ -162,7 +191,10 @@ def test_register_validate_inspect_and_promote(
     assert table.exit_code == 0
     assert "primary=1" in table.stdout
     assert "validated" in table.stdout
-    # Every append was published through the outbox, in order.
+    # The CLI wrote the event store only: the controller's outbox relay publishes, in order.
+    assert unpublished(pg_settings) == 5
+    relay_once(pg_settings, kafka_settings, registry_settings, lifecycle_topic)
+    assert unpublished(pg_settings) == 0
     assert topic_sequences(kafka_settings, registry_settings, lifecycle_topic) == [1, 2, 3, 4, 5]
 
 

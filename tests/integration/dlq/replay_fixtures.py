@@ -247,7 +247,7 @@ def recorded(packages: Path) -> Iterator[Recorded]:
     recorded = Recorded(
         kafka, topics, registry, client, pg, models, unique("rp-live"), 0, 0, features, {}
     )
-    log = LifecycleLog.from_settings(pg, LifecycleSettings(), kafka, topics, registry)
+    log = LifecycleLog.from_settings(pg, LifecycleSettings(), kafka, topics, registry, publish=True)
 
     events = [*_registered(models, "1", "2"), ev.Promoted("1")]
 

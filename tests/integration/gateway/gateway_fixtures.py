@@ -136,7 +136,9 @@ def append_lifecycle(
     """The `lifecycle` fixture's events, for a benchmark that sets up its own."""
 
     async def append() -> None:
-        log = LifecycleLog.from_settings(pg, LifecycleSettings(), kafka, topics, registry)
+        log = LifecycleLog.from_settings(
+            pg, LifecycleSettings(), kafka, topics, registry, publish=True
+        )
         async with log:
             for model, payloads in (
                 ("fraud", served("1", "2", primary="1", signature=FRAUD)),

@@ -57,7 +57,7 @@ async def open_commands(
     packages_root: Path,
 ) -> AsyncIterator[LifecycleCommands]:
     lc = LifecycleSettings()
-    async with LifecycleLog.from_settings(pg, lc, kafka, topics, registry) as log:
+    async with LifecycleLog.from_settings(pg, lc, kafka, topics, registry, publish=True) as log:
         models = ModelSettings(store_dir=store_dir, packages_root=packages_root)
         yield LifecycleCommands(log, log.pool, LocalArtifactStore(models), lc, models=models)
 

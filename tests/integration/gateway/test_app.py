@@ -321,7 +321,12 @@ def test_served_versions_follow_lifecycle_events_live(
 
     async def retire() -> None:
         log = LifecycleLog.from_settings(
-            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+            pg_settings,
+            LifecycleSettings(),
+            kafka_settings,
+            topics,
+            registry_settings,
+            publish=True,
         )
         async with log:
             await log.append("fraud", [NewEvent(ev.Retired("2"))], expected_version=None)

@@ -76,7 +76,12 @@ def with_fallback(
 
     async def append() -> None:
         log = LifecycleLog.from_settings(
-            pg_settings, LifecycleSettings(), kafka_settings, topics, registry_settings
+            pg_settings,
+            LifecycleSettings(),
+            kafka_settings,
+            topics,
+            registry_settings,
+            publish=True,
         )
         async with log:
             lite = served("7", primary="7", signature=FRAUD)

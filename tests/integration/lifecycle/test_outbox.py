@@ -294,7 +294,7 @@ async def test_lifecycle_log_publishes_avro_that_the_feed_folds(
 
     lc = LifecycleSettings()
     async with LifecycleLog.from_settings(
-        pg_settings, lc, kafka_settings, topics, registry_settings
+        pg_settings, lc, kafka_settings, topics, registry_settings, publish=True
     ) as log:
         first = await log.append("fraud", [ev.NewEvent(registered("v1"))], expected_version=0)
         await log.append(
@@ -310,6 +310,7 @@ async def test_lifecycle_log_publishes_avro_that_the_feed_folds(
                 "UPDATE outbox SET published_at = NULL WHERE position = %s",
                 (first[0].position,),
             )
+        assert log.relay is not None
         assert await log.relay.flush() == 1
 
         feed = LifecycleFeed(kafka_settings, topics, client, name=unique("h1-feed"))
