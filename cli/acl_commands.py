@@ -21,6 +21,7 @@ from tidegate.core.kafka_acls import (
     bindings,
     default_principals,
     grants,
+    prune_acls,
 )
 from tidegate.core.settings import KafkaSettings, RegistryServerSettings, TopicSettings
 from tidegate.dlq.replay_settings import ReplaySettings
@@ -36,7 +37,8 @@ def names_from_settings() -> AclNames:
         schemas_topic=RegistryServerSettings().topic,
         worker_group=WorkerSettings().group_id,
         controller_group=DEFAULT_GROUP_ID,
-        replay_topic=ReplaySettings().results_topic,
+        replay_topic=(replay := ReplaySettings()).results_topic,
+        replay_group_prefix=replay.group_prefix,
     )
 
 
@@ -65,10 +67,19 @@ def acls(
     user_prefix: Annotated[
         str, typer.Option("--user-prefix", help="Principals are User:<prefix><component>.")
     ] = "tidegate-",
+    prune: Annotated[
+        bool,
+        typer.Option(
+            "--prune",
+            help="With --apply, also delete these principals' ACLs the table does not hold "
+            "(grants an older table had).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the grants as JSON.")] = False,
     timeout: Annotated[float, typer.Option(min=1, help="Admin request timeout, seconds.")] = 30.0,
 ) -> None:
-    """Show each component's Kafka ACLs (what is not listed is refused); --apply creates them."""
+    """Show each component's Kafka ACLs (what is not listed is refused); --apply creates them,
+    and --prune deletes the principals' others."""
     principals = _principals(principal or [], user_prefix)
     table = grants(names_from_settings())
     if as_json:
@@ -92,5 +103,10 @@ def acls(
     if apply:
         # librdkafka's informational lines would go to stderr; errors raise here.
         admin = make_admin(KafkaSettings(), {"log_level": 4})
-        count = apply_acls(admin, bindings(table, principals), timeout=timeout)
-        typer.echo(f"applied {count} ACLs for {len(principals)} principals", err=as_json)
+        wanted = bindings(table, principals)
+        count = apply_acls(admin, wanted, timeout=timeout)
+        pruned = ""
+        if prune:
+            gone = prune_acls(admin, wanted, set(principals.values()), timeout=timeout)
+            pruned = f", deleted {gone} the table no longer has"
+        typer.echo(f"applied {count} ACLs for {len(principals)} principals{pruned}", err=as_json)

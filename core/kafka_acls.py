@@ -3,8 +3,9 @@
 Each component of the pipeline connects as a principal of its own (`User:tidegate-gateway`, ...),
 and the broker's `StandardAuthorizer` allows it only what `grants` lists, derived from the topic
 and group names the settings give. Nothing else is allowed: a producer application cannot write
-the lifecycle, the registry's `_schemas` or a reply, and only the workers write results and
-replies. `tidegate stack acls` shows the table and applies it; docs/security.md shows it too.
+the lifecycle, the registry's `_schemas` or a reply; only the workers write results and
+replies, and only the controller (its outbox relay) writes the lifecycle. `tidegate stack acls`
+shows the table and applies it; docs/security.md shows it too.
 
 Consumer groups are granted by prefix: each reader makes throwaway groups under a prefix of its
 own (`tidegate-lifecycle-feed-<id>`, `tidegate-producer-<id>`), and the workers' lanes add
@@ -20,6 +21,7 @@ from typing import Literal
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -34,9 +36,12 @@ __all__ = [
     "Component",
     "Grant",
     "apply_acls",
+    "binding_filter",
     "bindings",
     "default_principals",
     "grants",
+    "principal_filter",
+    "prune_acls",
 ]
 
 
@@ -61,7 +66,7 @@ MODEL_HEALTH = "tidegate-model-health-"
 PRODUCER_GROUPS = "tidegate-producer-"
 REGISTRY_GROUPS = "tidegate-registry-"
 DLQ_GROUPS = ("tidegate-dlq-inspect-", "tidegate-redrive-")
-OPERATOR_GROUPS = "tidegate-"
+AUDIT_READ = "tidegate-audit-read-"
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class AclNames:
     gateway_group: str = "tidegate-gateway"
     controller_group: str = "tidegate-lineage-indexer"
     replay_topic: str = "inference-results-replay"
+    replay_group_prefix: str = "tidegate-replay"
 
 
 def default_principals(user_prefix: str = "tidegate-") -> dict[Component, str]:
@@ -124,29 +130,32 @@ def grants(names: AclNames) -> list[Grant]:
     prefixes(pr, "group", [PRODUCER_GROUPS], "READ")
 
     # The gateway sends requests (its DLQ API redrives to them), reads its replies, folds the
-    # lifecycle and the breakers, audits, and appends lifecycle events for /admin (the outbox
-    # publishes them at once). Its lag probe reads the workers' committed offsets.
+    # lifecycle and the breakers, and audits; /admin's lifecycle events go to the event store,
+    # whose outbox the controller publishes. Its lag probe reads the workers' committed offsets.
     topic(gw, requests, "WRITE", "DESCRIBE_CONFIGS")
     topic(gw, [t.replies, t.breakers, *dead], "READ")
     prefixes(gw, "topic", [t.retry_prefix], "READ")
-    topic(gw, [t.lifecycle], "READ", "WRITE")
+    topic(gw, [t.lifecycle], "READ")
     topic(gw, [t.audit], "WRITE")
     prefixes(gw, "group", [names.gateway_group, LIFECYCLE_FEED, MODEL_HEALTH, *DLQ_GROUPS], "READ")
     prefixes(gw, "group", [names.worker_group], "DESCRIBE")
 
     # Workers consume requests and their retries (the retry relay moves due ones back), write
-    # results, replies, failures, shadow comparisons and breaker states, and report to the
-    # lifecycle. Their transactional ids and groups start with their group's name.
+    # results, replies, failures, shadow comparisons and breaker states, and fold the lifecycle
+    # (their reports go to the event store). Their transactional ids and groups start with their
+    # group's name.
     topic(wk, requests, "READ", "WRITE")
     prefixes(wk, "topic", [t.retry_prefix], "READ", "WRITE")
     topic(wk, [t.results, t.replies, *dead, t.shadow], "WRITE")
-    topic(wk, [t.breakers, t.lifecycle], "READ", "WRITE")
+    topic(wk, [t.breakers], "READ", "WRITE")
+    topic(wk, [t.lifecycle], "READ")
     prefixes(wk, "group", [names.worker_group], "READ", "DESCRIBE_CONFIGS", "ALTER_CONFIGS")
     prefixes(wk, "group", [f"tidegate-worker-{names.worker_group}", LIFECYCLE_FEED], "READ")
     prefixes(wk, "transactional_id", [names.worker_group], "WRITE")
 
-    # The controller indexes results and shadow comparisons, publishes the lifecycle's outbox,
-    # and reads the workers' lag.
+    # The controller indexes results and shadow comparisons, publishes the lifecycle's outbox
+    # (every writer's events: the only principal that writes the lifecycle topic), and reads the
+    # workers' lag.
     topic(ct, [t.results, t.shadow], "READ")
     topic(ct, [t.lifecycle], "READ", "WRITE")
     topic(ct, requests, "DESCRIBE")
@@ -157,12 +166,16 @@ def grants(names: AclNames) -> list[Grant]:
     topic(rg, [names.schemas_topic], "CREATE", "READ", "WRITE", "DESCRIBE_CONFIGS")
     prefixes(rg, "group", [REGISTRY_GROUPS], "READ")
 
-    # Operators inspect everything, redrive and replay requests, and run lifecycle commands.
+    # Operators inspect everything, redrive and replay requests, and run lifecycle commands (to the
+    # event store, as /admin does). Their
+    # tools' groups are their own: they may read the workers' offsets (lag), never join the group.
     topic(op, every_topic, "READ", "DESCRIBE_CONFIGS")
     prefixes(op, "topic", [t.retry_prefix], "READ", "WRITE")
-    topic(op, [*requests, *dead, t.lifecycle, t.audit], "WRITE")
+    topic(op, [*requests, *dead, t.audit], "WRITE")
     prefixes(op, "topic", [names.replay_topic], "CREATE", "READ", "WRITE")
-    prefixes(op, "group", [OPERATOR_GROUPS], "READ")
+    tools = [*DLQ_GROUPS, AUDIT_READ, LIFECYCLE_FEED, MODEL_HEALTH, names.replay_group_prefix]
+    prefixes(op, "group", tools, "READ")
+    prefixes(op, "group", [names.worker_group], "DESCRIBE")
     return out
 
 
@@ -198,3 +211,51 @@ def apply_acls(admin: AdminClient, acls: Sequence[AclBinding], timeout: float = 
     for future in admin.create_acls(list(acls), request_timeout=timeout).values():
         future.result(timeout)
     return len(acls)
+
+
+def binding_filter(b: AclBinding) -> AclBindingFilter:
+    """The filter that matches `b` alone (to delete it)."""
+    return AclBindingFilter(
+        b.restype,
+        b.name,
+        b.resource_pattern_type,
+        b.principal,
+        b.host,
+        b.operation,
+        b.permission_type,
+    )
+
+
+def principal_filter(principal: str) -> AclBindingFilter:
+    """The filter that matches every binding of `principal`."""
+    return AclBindingFilter(
+        ResourceType.ANY,
+        None,  # type: ignore[arg-type]  # any name: librdkafka takes NULL, the stub says str
+        ResourcePatternType.ANY,
+        principal,
+        None,  # type: ignore[arg-type]  # any host
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+
+
+def prune_acls(
+    admin: AdminClient,
+    wanted: Sequence[AclBinding],
+    principals: Iterable[str],
+    timeout: float = 30.0,
+) -> int:
+    """Deletes every binding of `principals` that `wanted` does not hold, so that a grant the
+    table no longer has is taken away on the cluster too. Returns how many were deleted."""
+    keep = set(wanted)  # bindings compare (and hash) by every field
+    stale: list[AclBinding] = []
+    for principal in principals:
+        found = admin.describe_acls(principal_filter(principal), request_timeout=timeout).result(
+            timeout
+        )
+        stale += [b for b in found if b not in keep]
+    if stale:
+        filters = [binding_filter(b) for b in stale]
+        for future in admin.delete_acls(filters, request_timeout=timeout).values():
+            future.result(timeout)
+    return len(stale)

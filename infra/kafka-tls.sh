@@ -205,7 +205,7 @@ kafka_tls_users() {
     echo "$storage" >"$marker"
     log "kafka: $out"
   fi
-  out=$("$STACK_BIN/tidegate" stack acls --apply 2>>"$KAFKA_ROOT/logs/tls.log") ||
+  out=$("$STACK_BIN/tidegate" stack acls --apply --prune 2>>"$KAFKA_ROOT/logs/tls.log") ||
     fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "applying the components' ACLs failed"
   log "kafka: ${out##*$'\n'}"
 }

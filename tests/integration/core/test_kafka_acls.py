@@ -9,40 +9,60 @@ matters: the broker's authorization error, and nothing delivered.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AclBindingFilter,
     AclOperation,
-    AclPermissionType,
     AdminClient,
     NewTopic,
-    ResourcePatternType,
     ResourceType,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialDeletion,
 )
 
-from tests.integration.kafka_listeners import listener
+from tests.integration.gateway.gateway_fixtures import GatewayServer
+from tests.integration.kafka_listeners import TLS, delivery, listener
 from tests.integration.workers import Stack, in_thread, publish, request, running, tiny_softmax
 from tests.support import unique, wait_for
-from tidegate.core.kafka import make_consumer, make_producer
+from tidegate.core.kafka import make_admin, make_consumer, make_producer
 from tidegate.core.kafka_acls import (
+    PRODUCER_GROUPS,
     AclNames,
     Component,
+    Grant,
     apply_acls,
+    binding_filter,
     bindings,
     default_principals,
     grants,
+    principal_filter,
+    prune_acls,
 )
-from tidegate.core.settings import KafkaSettings, TopicSettings
+from tidegate.core.settings import KafkaSettings, TopicSettings, read_env_file
+from tidegate.gateway.admission_settings import AdmissionSettings
+from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.lifecycle.control.process import ControllerConfig, ControllerService
+from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.models.model_settings import ModelSettings
 
 OTHERS = [c for c in Component if c is not Component.WORKER]
+DEFAULT_NAMES = AclNames(TopicSettings())
 
 
 @dataclass
@@ -57,38 +77,15 @@ def principals(stack: Stack, admin: AdminClient) -> Iterator[Principals]:
     names = AclNames(stack.topics, schemas_topic=unique("acl-schemas"), worker_group=stack.group)
     acls = bindings(grants(names), default_principals())
     apply_acls(admin, acls)
+    # The readers' group prefixes are the same in every table: those bindings are `make up`'s
+    # (and other tests' at the same time), and stay.
+    shared = set(bindings(grants(DEFAULT_NAMES), default_principals()))
     try:
         yield Principals(names, {c: listener(c.value) for c in Component})
     finally:
-        filters = [
-            AclBindingFilter(
-                b.restype,
-                b.name,
-                b.resource_pattern_type,
-                b.principal,
-                b.host,
-                b.operation,
-                b.permission_type,
-            )
-            for b in acls
-        ]
+        filters = [binding_filter(b) for b in acls if b not in shared]
         for future in admin.delete_acls(filters, request_timeout=30).values():
             future.result(30)
-
-
-def delivery(settings: KafkaSettings, topic: str, partition: int = 0) -> KafkaError | None:
-    """Produces one record with `settings`: None when the broker took it, else its error."""
-    outcome: list[KafkaError | None] = []
-    producer = make_producer(settings, {"message.timeout.ms": 10_000})
-    producer.produce(
-        topic,
-        key=b"k",
-        value=b"x",
-        partition=partition,
-        on_delivery=lambda e, _m: outcome.append(e),
-    )
-    wait_for(lambda: producer.poll(0.2) >= 0 and outcome, timeout=30, what="a delivery report")
-    return outcome[0]
 
 
 def assert_refused(settings: KafkaSettings, topic: str, partition: int = 0) -> None:
@@ -149,6 +146,62 @@ async def test_a_worker_and_a_producer_on_their_own_principals_serve_requests(
         np.testing.assert_allclose(probabilities, tiny_softmax("1", row[None])[0], atol=1e-6)
 
 
+async def test_the_gateway_worker_and_controller_on_their_own_principals_serve_a_call(
+    stack: Stack, models: ModelSettings, principals: Principals
+) -> None:
+    kafka = principals.kafka
+    controller = ControllerService(
+        ControllerConfig(
+            postgres=stack.pg,
+            lifecycle=LifecycleSettings(workers_group_id=stack.group),
+            kafka=kafka[Component.CONTROLLER],
+            topics=stack.topics,
+            registry=stack.registry,
+            group_id=unique(principals.names.controller_group),
+        )
+    )
+    stop = asyncio.Event()
+    controlling = asyncio.create_task(controller.run(stop))
+    gateway = GatewayServer(
+        GatewayConfig(
+            gateway=GatewaySettings(replica_id=unique("acl-replica"), admin=False),
+            kafka=kafka[Component.GATEWAY],
+            topics=stack.topics,
+            registry=stack.registry,
+            auth=AuthSettings(enabled=False),  # Kafka's authorization is the subject here
+            admission=AdmissionSettings(worker_group=stack.group),
+        )
+    )
+    worker = replace(stack, kafka=kafka[Component.WORKER])
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+    try:
+        # No relay in the test: the worker's reports reach the lifecycle topic only through the
+        # controller, the one principal that may write it.
+        async with running(worker, models, relay=False):
+            await asyncio.to_thread(gateway.start)
+            try:
+                # Ready only once the worker's VersionLoaded came back through the lifecycle.
+                ready = await asyncio.to_thread(
+                    wait_for,
+                    lambda: gateway.http.get("/v2/models/tiny/ready").status_code == 200,
+                    timeout=60,
+                    what="tiny ready, the worker's report published by the controller",
+                )
+                assert ready
+                resp = await asyncio.to_thread(
+                    gateway.http.post, "/v2/models/tiny/infer", json=body
+                )
+            finally:
+                await asyncio.to_thread(gateway.stop)
+    finally:
+        stop.set()
+        await asyncio.wait_for(controlling, 60)
+    assert controller.acquisitions == 1
+    assert resp.status_code == 200, resp.text
+    [out] = resp.json()["outputs"]
+    np.testing.assert_allclose(out["data"], tiny_softmax("1", np.ones((1, 4)))[0], atol=1e-6)
+
+
 def test_a_producer_cannot_write_the_lifecycle_the_schemas_or_a_reply(
     stack: Stack, principals: Principals
 ) -> None:
@@ -171,6 +224,18 @@ def test_a_producer_cannot_read_requests_or_join_the_workers_group(
     stolen = consume_error(producer, unique("tidegate-producer-x"), stack.topics.requests)
     assert stolen.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, stolen
     joined = consume_error(producer, stack.group, stack.topics.results)
+    assert joined.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, joined
+
+
+def test_only_the_controller_writes_the_lifecycle(stack: Stack, principals: Principals) -> None:
+    assert delivery(principals.kafka[Component.CONTROLLER], stack.topics.lifecycle) is None
+    for other in Component:
+        if other is not Component.CONTROLLER:
+            assert_refused(principals.kafka[other], stack.topics.lifecycle)
+
+
+def test_the_operator_cannot_join_the_workers_group(stack: Stack, principals: Principals) -> None:
+    joined = consume_error(principals.kafka[Component.OPERATOR], stack.group, stack.topics.requests)
     assert joined.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, joined
 
 
@@ -219,19 +284,94 @@ def test_a_transactional_id_outside_the_workers_prefix_is_refused(
 
 
 def test_make_up_applied_the_table_for_the_default_names(admin: AdminClient) -> None:
-    found = admin.describe_acls(
-        AclBindingFilter(
-            ResourceType.ANY,
-            None,  # type: ignore[arg-type]
-            ResourcePatternType.ANY,
-            "User:tidegate-producer",
-            None,  # type: ignore[arg-type]
-            AclOperation.ANY,
-            AclPermissionType.ANY,
-        ),
-        request_timeout=30,
-    ).result(30)
+    found = described(admin, "User:tidegate-producer")
     topics = TopicSettings()
     writes = {b.name for b in found if b.operation == AclOperation.WRITE}
     assert writes == {topics.requests, topics.requests_batch}
-    assert topics.results in {b.name for b in found if b.operation == AclOperation.READ}
+    reads = {(b.restype, b.name) for b in found if b.operation == AclOperation.READ}
+    assert reads == {(ResourceType.TOPIC, topics.results), (ResourceType.GROUP, PRODUCER_GROUPS)}
+
+
+def test_prune_takes_away_a_grant_the_table_no_longer_has(stack: Stack, admin: AdminClient) -> None:
+    principal = f"User:{unique('acl-prune')}"
+    names = AclNames(stack.topics, schemas_topic=unique("acl-schemas"), worker_group=stack.group)
+    table = [g for g in grants(names) if g.component is Component.PRODUCER]
+    principals = dict.fromkeys(Component, principal)
+    old = bindings(table, principals)
+    dropped = Grant(Component.PRODUCER, "topic", stack.topics.lifecycle, ("WRITE",))
+    apply_acls(admin, [*old, *bindings([dropped], principals)])
+    try:
+        assert prune_acls(admin, old, [principal]) == 1
+        assert prune_acls(admin, old, [principal]) == 0
+        assert set(described(admin, principal)) == set(old)
+    finally:
+        prune_acls(admin, [], [principal])
+    assert described(admin, principal) == []
+
+
+def described(admin: AdminClient, principal: str) -> list[Any]:
+    return list(admin.describe_acls(principal_filter(principal), request_timeout=30).result(30))
+
+
+def answers(admin: AdminClient) -> bool:
+    return bool(admin.list_topics(timeout=5).brokers)
+
+
+def test_kafka_principals_makes_each_component_a_user_once(
+    tmp_path: Path, admin: AdminClient
+) -> None:
+    prefix = unique("kp") + "-"
+    ca = TLS / "ca.crt"
+    command = [
+        sys.executable,
+        "-m",
+        "tidegate.cli",
+        "stack",
+        "kafka-principals",
+        str(tmp_path),
+        "--listener",
+        listener("worker").bootstrap_servers,
+        "--security-protocol",
+        "SASL_SSL",
+        "--ssl-ca-location",
+        str(ca),
+        "--user-prefix",
+        prefix,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_KAFKA_")}
+    users = [f"{prefix}{c.value}" for c in Component]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        files = {c: tmp_path / f"{c.value}.env" for c in Component}
+        first = {c: path.read_text() for c, path in files.items()}
+        for c, path in files.items():
+            assert path.stat().st_mode & 0o777 == 0o600
+            settings = KafkaSettings.model_validate(read_env_file(path, "TIDEGATE_KAFKA_"))
+            assert settings.sasl_username == f"{prefix}{c.value}"
+            password = settings.sasl_password
+            assert password is not None
+            assert password.get_secret_value() not in done.stdout + done.stderr
+            # The broker takes the credential: metadata comes back over SASL_SSL.
+            wait_for(
+                functools.partial(answers, make_admin(settings)),
+                timeout=30,
+                what=f"{c.value}'s user to authenticate",
+                retry_on=(KafkaException,),
+            )
+        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert {c: path.read_text() for c, path in files.items()} == first, "passwords kept"
+        wrong = KafkaSettings.model_validate(
+            {**read_env_file(files[Component.WORKER], "TIDEGATE_KAFKA_"), "sasl_password": "x"}
+        )
+        errors: list[KafkaError] = []
+        assert delivery(wrong, "inference-requests", errors=errors, timeout_ms=5000) is not None
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+    finally:
+        gone: list[UserScramCredentialAlteration] = [
+            UserScramCredentialDeletion(u, ScramMechanism.SCRAM_SHA_512) for u in users
+        ]
+        for future in admin.alter_user_scram_credentials(gone).values():
+            with contextlib.suppress(KafkaException):
+                future.result(timeout=30)

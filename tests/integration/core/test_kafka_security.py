@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from pydantic import SecretStr
 
-from tests.integration.kafka_listeners import listener
+from tests.integration.kafka_listeners import delivery, listener
 from tests.integration.workers import (
     Reader,
     Stack,
@@ -80,11 +80,8 @@ def refused(settings: KafkaSettings, topic: str) -> list[KafkaError]:
     """Produces one message with `settings`: asserts it is not delivered, returns the client's
     errors."""
     errors: list[KafkaError] = []
-    outcome: list[KafkaError | None] = []
-    producer = make_producer(settings, {"error_cb": errors.append, "message.timeout.ms": 5000})
-    producer.produce(topic, value=b"x", on_delivery=lambda err, _msg: outcome.append(err))
-    wait_for(lambda: producer.poll(0.2) >= 0 and outcome, timeout=30, what="a delivery report")
-    assert outcome[0] is not None, "a client that should have been refused wrote to Kafka"
+    outcome = delivery(settings, topic, errors=errors, timeout_ms=5000)
+    assert outcome is not None, "a client that should have been refused wrote to Kafka"
     return errors
 
 

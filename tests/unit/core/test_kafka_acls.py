@@ -67,15 +67,20 @@ def test_only_workers_write_results_and_replies_and_only_the_registry_its_topic(
     assert {g.component for g in grants(NAMES) if g.name == "sc"} == {Component.REGISTRY}
 
 
-def test_the_lifecycle_is_written_by_its_writers_never_by_a_producer_or_the_registry() -> None:
-    # The CLI, /admin and the workers append and publish through the outbox; the controller
-    # relays what they could not publish.
-    assert writers("lc") == {
-        Component.GATEWAY,
-        Component.WORKER,
-        Component.CONTROLLER,
-        Component.OPERATOR,
-    }
+def test_only_the_controller_writes_the_lifecycle() -> None:
+    # The CLI, /admin and the workers append to the event store; the controller's outbox relay
+    # publishes every writer's events.
+    assert writers("lc") == {Component.CONTROLLER}
+    for reader in (Component.GATEWAY, Component.WORKER, Component.OPERATOR):
+        assert "lc" in allowed(reader, "READ")
+
+
+def test_the_operator_reads_the_workers_offsets_and_never_joins_their_group() -> None:
+    groups = allowed(Component.OPERATOR, "READ", "group")
+    assert "wg*" not in groups
+    assert not any("wg".startswith(g.rstrip("*")) for g in groups)
+    assert "wg*" in allowed(Component.OPERATOR, "DESCRIBE", "group")
+    assert {"tidegate-dlq-inspect-*", "tidegate-redrive-*", "tidegate-replay*"} <= groups
 
 
 def test_workers_own_their_groups_and_transactional_ids_by_prefix() -> None:
