@@ -131,6 +131,48 @@ def status(
         raise typer.Exit(1)
 
 
+@app.command("kafka-principals")
+def kafka_principals(
+    directory: Annotated[Path, typer.Argument(help="Where each component's env file goes.")],
+    listener: Annotated[
+        str, typer.Option(help="host:port the components connect to (their bootstrap servers).")
+    ],
+    security_protocol: Annotated[
+        str, typer.Option(help="The listener's protocol: SASL_PLAINTEXT or SASL_SSL.")
+    ] = "SASL_PLAINTEXT",
+    ssl_ca_location: Annotated[
+        str | None, typer.Option(help="SASL_SSL: the CA bundle that signed the listener's.")
+    ] = None,
+    user_prefix: Annotated[
+        str, typer.Option("--user-prefix", help="Principals are User:<prefix><component>.")
+    ] = "tidegate-",
+) -> None:
+    """Give each component a SCRAM-SHA-512 user of its own: a password made once and kept in
+    DIRECTORY/<component>.env (mode 600, with the listener's TIDEGATE_KAFKA_* settings), set on
+    the cluster through the admin connection of TIDEGATE_KAFKA_*. Nothing secret is printed.
+    `tidegate stack acls --apply` then grants each what it may do (docs/security.md)."""
+    from tidegate.core.kafka_acls import Component
+    from tidegate.core.kafka_principals import ensure_env_file, upsert_scram_users
+
+    if security_protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
+        raise typer.BadParameter("SASL_PLAINTEXT or SASL_SSL", param_hint="--security-protocol")
+    made = [
+        ensure_env_file(
+            directory,
+            component,
+            bootstrap_servers=listener,
+            security_protocol=security_protocol,
+            ssl_ca_location=ssl_ca_location,
+            user_prefix=user_prefix,
+        )
+        for component in Component
+    ]
+    admin = make_admin(KafkaSettings(), _QUIET)
+    upsert_scram_users(admin, {c.username: c.password for c in made})
+    users = ", ".join(c.username for c in made)
+    typer.echo(f"kafka principals: SCRAM-SHA-512 users {users} set; env files in {directory}")
+
+
 @app.command("registry-credentials")
 def registry_credentials(
     path: Annotated[Path, typer.Argument(help="Where the credentials go (mode 600).")],

@@ -22,19 +22,14 @@ import time
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialUpsertion,
-)
 
 from tidegate.core.kafka import make_admin
+from tidegate.core.kafka_principals import upsert_scram_users
 from tidegate.core.settings import KafkaSettings, read_env_file
 
 __all__ = ["env_settings", "main"]
 
 PREFIX = "TIDEGATE_KAFKA_"
-ITERATIONS = 8192
 DEADLINE_S = 30.0
 DEFAULT = "127.0.0.1:9092"
 
@@ -49,16 +44,12 @@ def env_settings(path: Path) -> KafkaSettings:
 
 def upsert(users: dict[str, KafkaSettings], plain: KafkaSettings) -> None:
     """Sets each user's SCRAM credential to the password of its settings."""
-    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, ITERATIONS)
-    upsertions = []
+    passwords = {}
     for user, secure in users.items():
         if secure.sasl_password is None:
             raise SystemExit(f"the env file of {user} names no TIDEGATE_KAFKA_SASL_PASSWORD")
-        password = secure.sasl_password.get_secret_value().encode()
-        upsertions.append(UserScramCredentialUpsertion(user, info, password))
-    admin = make_admin(plain)  # held until every future is done: a freed client cancels them
-    for future in admin.alter_user_scram_credentials(upsertions).values():
-        future.result(timeout=30)
+        passwords[user] = secure.sasl_password
+    upsert_scram_users(make_admin(plain), passwords)
 
 
 def answers(settings: KafkaSettings) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from jsonschema.validators import validator_for
 from tests.unit.deploy.deploy_support import REPO, check_settings, require
 
 COMPOSE = REPO / "docker-compose.yml"
-TIDEGATE = {"init", "schemas", "registry", "gateway", "worker", "controller"}
-ONE_SHOT = {"init", "schemas"}
+TIDEGATE = {"kafka-setup", "init", "schemas", "registry", "gateway", "worker", "controller"}
+ONE_SHOT = {"kafka-setup", "init", "schemas"}
+# The services that use Kafka, each as its own principal (core/kafka_acls.py).
+PRINCIPALS = {"registry", "gateway", "worker", "controller"}
 
 
 def compose() -> dict[str, Any]:
@@ -81,11 +84,95 @@ def test_the_one_shot_services_gate_the_tidegate_processes() -> None:
     all_ = services()
     assert all_["schemas"]["command"] == ["schemas", "register"]
     assert all_["schemas"]["depends_on"]["registry"]["condition"] == "service_healthy"
-    assert "tidegate stack topics" in all_["init"]["command"][0]
+    setup = all_["kafka-setup"]["command"][0]
+    assert "tidegate stack topics" in setup
+    assert "tidegate stack acls --apply --prune" in setup
     for name in ("gateway", "worker", "controller"):
         needs = all_[name]["depends_on"]
         for one_shot in ONE_SHOT:
             assert needs[one_shot]["condition"] == "service_completed_successfully", name
+
+
+def test_each_kafka_client_runs_as_its_own_principal() -> None:
+    from tidegate.core.kafka_acls import Component
+
+    all_ = services()
+    for name in PRINCIPALS:
+        entry = all_[name]["entrypoint"]
+        assert entry[:2] == ["sh", "/app/infra/compose-as.sh"], name
+        assert Component(entry[2]).value == name
+        assert all_[name]["depends_on"]["kafka-setup"]["condition"] == (
+            "service_completed_successfully"
+        )
+        assert "models:/app/var" in all_[name]["volumes"], f"{name} reads its credentials there"
+    assert (REPO / "infra" / "compose-as.sh").is_file()
+    # No service but kafka-setup is told a Kafka address of its own: the env files hold them.
+    for name, service in all_.items():
+        env = service.get("environment", {})
+        if name != "kafka-setup" and isinstance(env, dict):
+            assert not any(k.startswith("TIDEGATE_KAFKA_") for k in env), name
+    setup = all_["kafka-setup"]
+    assert f"--listener {internal_listener()}" in setup["command"][0]
+    assert "/app/var/kafka" in setup["command"][0]
+
+
+def kafka_env() -> dict[str, str]:
+    return {k: str(v) for k, v in services()["kafka"]["environment"].items()}
+
+
+def listeners(key: str) -> dict[str, str]:
+    return dict(item.split("://", 1) for item in kafka_env()[key].split(","))
+
+
+def internal_listener() -> str:
+    return listeners("KAFKA_ADVERTISED_LISTENERS")["INTERNAL"]
+
+
+def test_only_the_brokers_loopback_is_a_super_user() -> None:
+    env = kafka_env()
+    protocols = dict(
+        item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+    )
+    bound = listeners("KAFKA_LISTENERS")
+    for name, protocol in protocols.items():
+        if protocol == "PLAINTEXT":  # ANONYMOUS, a super user: reachable from the container only
+            assert bound[name].startswith("127.0.0.1:"), name
+        else:
+            assert protocol == "SASL_PLAINTEXT", name
+    assert protocols["INTERNAL"] == protocols["HOST"] == "SASL_PLAINTEXT"
+    assert env["KAFKA_SUPER_USERS"] == "User:ANONYMOUS"
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    setup = services()["kafka-setup"]
+    assert setup["network_mode"] == "service:kafka"
+    assert setup["environment"]["TIDEGATE_KAFKA_BOOTSTRAP_SERVERS"] == bound["BROKER"]
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "BROKER"
+
+
+def test_compose_as_runs_tidegate_with_the_components_credentials(tmp_path: Path) -> None:
+    (tmp_path / "worker.env").write_text(
+        "TIDEGATE_KAFKA_SASL_USERNAME=tidegate-worker\nTIDEGATE_KAFKA_SASL_PASSWORD=pw\n"
+    )
+    fake = tmp_path / "tidegate"  # stands in for the image's `tidegate`: prints what it got
+    fake.write_text('#!/bin/sh\necho "args: $*"\nenv\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "TIDEGATE_KAFKA_ENV_DIR": str(tmp_path)}
+    script = str(REPO / "infra" / "compose-as.sh")
+    ran = subprocess.run(
+        ["sh", script, "worker", "worker", "--processes", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert "args: worker --processes 1" in ran.stdout
+    assert "TIDEGATE_KAFKA_SASL_USERNAME=tidegate-worker" in ran.stdout.splitlines()
+    missing = subprocess.run(
+        ["sh", script, "gateway", "gateway"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode == 1
+    assert "gateway.env is missing" in missing.stderr
 
 
 def test_the_healthchecks_probe_what_the_processes_serve() -> None:

@@ -211,9 +211,39 @@ def test_the_sasl_ssl_overlay_configures_kafka_for_it() -> None:
     assert trigger["metadata"]["tls"] == "enable"
     auth = named(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
     for ref in auth["spec"]["secretTargetRef"]:
-        assert ref["name"] in {"tidegate-secrets", "tidegate-kafka-ca"}
-        if ref["name"] == "tidegate-secrets":
-            assert ref["key"] in secret_example()
+        # KEDA reads the lag as the workers do, on their principal.
+        assert ref["name"] in {"tidegate-kafka-worker", "tidegate-kafka-ca"}
+        if ref["name"] == "tidegate-kafka-worker":
+            assert ref["key"] in {"TIDEGATE_KAFKA_SASL_USERNAME", "TIDEGATE_KAFKA_SASL_PASSWORD"}
+
+
+def test_the_sasl_ssl_overlay_runs_each_component_on_its_own_principal() -> None:
+    from tidegate.core.kafka_acls import Component
+
+    docs = rendered("overlays/sasl-ssl")
+    for deployment in kind(docs, "Deployment"):
+        component = deployment["metadata"]["name"].removeprefix("tidegate-")
+        sources = deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+        names = [s.get("secretRef", {}).get("name") for s in sources]
+        # Last, so that its user and password take precedence over the shared Secret's.
+        assert names[-1] == f"tidegate-kafka-{Component(component).value}", names
+        assert names.index("tidegate-secrets") < len(names) - 1
+    job = named(docs, "Job", "tidegate-setup")["spec"]["template"]["spec"]
+    (acls,) = job["initContainers"]
+    assert acls["args"] == ["stack", "acls", "--apply", "--prune"]
+    assert acls["image"] == job["containers"][0]["image"]
+    mounts = {m["mountPath"] for m in acls["volumeMounts"]}
+    ca = Path(config(docs)["TIDEGATE_KAFKA_SSL_CA_LOCATION"])
+    assert str(ca.parent) in mounts, "the ACL step reaches Kafka over TLS too"
+    assert acls["securityContext"]["readOnlyRootFilesystem"] is True
+    # The base (no Kafka authorization) references no such Secret.
+    base = rendered("base")
+    for deployment in kind(base, "Deployment"):
+        sources = deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+        assert all(
+            not s.get("secretRef", {}).get("name", "").startswith("tidegate-kafka-")
+            for s in sources
+        )
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -232,9 +262,11 @@ def test_every_pod_reads_the_config_runs_locked_down_and_has_resources(kustomiza
         assert spec["automountServiceAccountToken"] is False, name
         pod = spec["securityContext"]
         assert (pod["runAsNonRoot"], pod["runAsUser"], pod["runAsGroup"]) == (True, 10001, 10001)
-        for c in spec["containers"]:
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
             sources = [next(iter(s.values()))["name"] for s in c["envFrom"]]
-            assert sources == ["tidegate-config", "tidegate-secrets"], name
+            # Then, in the SASL_SSL overlay, the component's own Kafka principal.
+            assert sources[:2] == ["tidegate-config", "tidegate-secrets"], name
+            assert sources[2:] in ([], [f"tidegate-kafka-{name.removeprefix('tidegate-')}"]), name
             security = c["securityContext"]
             assert security["readOnlyRootFilesystem"] is True, name
             assert security["allowPrivilegeEscalation"] is False, name
