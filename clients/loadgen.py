@@ -148,12 +148,21 @@ class KafkaLoad:
     """
 
     def __init__(
-        self, topics: Any = None, *, keep_records: bool = False, wire: Wire | None = None
+        self,
+        topics: Any = None,
+        *,
+        keep_records: bool = False,
+        wire: Wire | None = None,
+        kafka: KafkaSettings | None = None,
+        group_prefix: str = "loadgen",
     ) -> None:
         """`topics` (a TopicSettings) defaults to the environment's; `keep_records` keeps every
         result record in its LoadResult, for callers that check more than status and latency;
-        `wire` replaces tidegate's Avro topics with another contract (the benchmark's peers)."""
-        self._kafka = KafkaSettings()
+        `wire` replaces tidegate's Avro topics with another contract (the benchmark's peers);
+        `kafka` and `group_prefix` are whom it connects as and its reader's group (a producer
+        principal may use only `tidegate-producer-*` groups)."""
+        self._kafka = kafka or KafkaSettings()
+        self._group_prefix = group_prefix
         self._wire: Wire = wire or AvroWire(topics or TopicSettings())
         self._keep = keep_records
         self._lock = threading.Lock()
@@ -167,7 +176,9 @@ class KafkaLoad:
         from confluent_kafka import TopicPartition
 
         sink, source = self._wire.sink, self._wire.source
-        self._consumer = consumer = make_consumer(self._kafka, f"loadgen-{uuid.uuid4().hex[:8]}")
+        self._consumer = consumer = make_consumer(
+            self._kafka, f"{self._group_prefix}-{uuid.uuid4().hex[:8]}"
+        )
         meta = consumer.list_topics(sink, timeout=10).topics[sink]
         ends = []
         for p in meta.partitions:

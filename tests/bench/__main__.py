@@ -3,8 +3,8 @@
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
 (or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
-`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `kafka_down`, `redrive`, `chaos`) runs
-one part.
+`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `kafka_down`, `redrive`, `chaos`,
+`security`) runs one part.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.bench import (
     rate_limit_cost,
     redrive,
     refusal_cost,
+    security_cost,
     takeover,
     tracing_cost,
     versus,
@@ -49,6 +50,7 @@ PARTS = {
     "kafka_down": kafka_down.run,
     "redrive": redrive.run,
     "chaos": chaos.run,
+    "security": security_cost.run,
 }
 
 

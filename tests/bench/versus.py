@@ -217,8 +217,9 @@ def tidegate_workers(env: dict[str, str] | None = None) -> Iterator[list[int]]:
             child.stop()
 
 
-def kafka_sweep(label: str, cpu: CpuReaders) -> Sweep:
-    load = KafkaLoad()
+def kafka_sweep(label: str, cpu: CpuReaders, load: KafkaLoad | None = None) -> Sweep:
+    """The Kafka path's sweep with `load` (by default a `KafkaLoad` of the environment's)."""
+    load = load or KafkaLoad()
     load.start(lambda i: fraud_record(i, unique("warm")))
     with load:
 

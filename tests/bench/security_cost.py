@@ -1,0 +1,109 @@
+"""What the trust boundaries cost (`python -m tests.bench security`, part of `make bench`).
+
+* Kafka's authorization: the same 2 `tidegate worker` processes, the controller and the same
+  open-loop Avro load on the broker's SASL_SSL listener (`make up`), in alternating rounds, once
+  as the super user `tidegate` (the authorizer allows a super user without reading the ACLs) and
+  once as each component's own principal (the workers as `tidegate-worker`, the load as a
+  producer application, `tidegate-producer`) under the ACLs `make up` applies. TLS and SCRAM are
+  the same in both: only the authorization differs. CPU per request counts the workers, the
+  controller and the broker.
+* The submission nonce and the pre-authentication budget, per call, against the HTTP path's CPU
+  per call (2.6 ms at 250/s, docs/benchmarks.md): a nonce is made for every submission and
+  compared on every reply; the budget is spent only when no cache answers for the key.
+"""
+
+from __future__ import annotations
+
+import os
+import timeit
+from pathlib import Path
+
+from tests.bench.versus import (
+    ROUNDS,
+    RUN_DIR,
+    Sweep,
+    controller,
+    kafka_sweep,
+    tidegate_cpu,
+    tidegate_workers,
+)
+from tidegate.cli.procs import stop_recorded
+from tidegate.clients.loadgen import KafkaLoad
+from tidegate.core.kafka_acls import PRODUCER_GROUPS
+from tidegate.core.settings import KafkaSettings, read_env_file
+
+__all__ = ["run"]
+
+TLS = Path(os.environ.get("TIDEGATE_STACK_VAR", "var")) / "kafka" / "tls"
+PREFIX = "TIDEGATE_KAFKA_"
+HTTP_CPU_MS = 2.6
+"""The HTTP path's CPU per call at 250/s (docs/benchmarks.md, run M): what the per-call costs
+are compared with."""
+
+
+def _env(name: str) -> dict[str, str]:
+    """The TIDEGATE_KAFKA_* variables of var/kafka/tls/NAME.env."""
+    found = read_env_file(TLS / f"{name}.env", PREFIX)
+    if not found:
+        raise SystemExit(f"no {TLS / name}.env: start the stack with `make up`")
+    return {PREFIX + key.upper(): value for key, value in found.items()}
+
+
+def _settings(name: str) -> KafkaSettings:
+    return KafkaSettings.model_validate(read_env_file(TLS / f"{name}.env", PREFIX))
+
+
+def _arm(label: str, workers_as: str, load_as: str, group_prefix: str) -> Sweep:
+    stop_recorded(RUN_DIR)
+    with controller() as ctl, tidegate_workers(_env(workers_as)) as workers:
+        load = KafkaLoad(kafka=_settings(load_as), group_prefix=group_prefix)
+        return kafka_sweep(label, tidegate_cpu(workers, ctl), load)
+
+
+ARMS = {
+    "super user": lambda: _arm("super user", "sasl-ssl", "sasl-ssl", "loadgen"),
+    "own principals": lambda: _arm(
+        "own principals", "worker", "producer", PRODUCER_GROUPS + "loadgen"
+    ),
+}
+
+
+def _per_call_us() -> dict[str, float]:
+    from tidegate.gateway.call_record import new_nonce
+    from tidegate.gateway.client_budget import ClientBudget
+
+    budget = ClientBudget(1_000_000, "bench")
+    nonce = new_nonce()
+    other = new_nonce()
+    n = 200_000
+    return {
+        "nonce made": 1e6 * min(timeit.repeat(new_nonce, number=n, repeat=3)) / n,
+        "nonce compared": 1e6 * min(timeit.repeat(lambda: nonce == other, number=n, repeat=3)) / n,
+        "pre-auth budget spent": 1e6
+        * min(timeit.repeat(lambda: budget.allows("10.0.0.1"), number=n, repeat=3))
+        / n,
+    }
+
+
+def run() -> None:
+    print("\nsecurity: the Kafka path on SASL_SSL, as the super user and as its own principals")
+    rounds: list[dict[str, Sweep]] = []
+    names = list(ARMS)
+    for k in range(ROUNDS):
+        order = names if k % 2 == 0 else names[::-1]
+        found = {}
+        for name in order:
+            print(f"security: round {k + 1}, {name}")
+            found[name] = ARMS[name]()
+        rounds.append(found)
+    for name in names:
+        every = [r[name].sustained for r in rounds]
+        top = max(rounds, key=lambda r: r[name].sustained)[name]
+        cpu = ", ".join(f"{g} {ms:.2f}" for g, ms in top.cpu_ms.items())
+        print(f"  {name:<15} sustained {top.sustained:>7,.0f}/s  rounds {every}  cpu ms/req {cpu}")
+    worst = min(r["own principals"].sustained / max(r["super user"].sustained, 1) for r in rounds)
+    print(f"  ACLs: own principals / super user, worst round = {worst:.2f}  bar >= 0.95")
+    print("security: per call, against the HTTP path's CPU per call")
+    for what, us in _per_call_us().items():
+        share = 100 * us / (HTTP_CPU_MS * 1000)
+        print(f"  {what:<22} {us:6.2f} us  {share:5.2f}% of {HTTP_CPU_MS} ms")
