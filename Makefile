@@ -10,7 +10,7 @@ STAMP   := $(VAR)/stamps
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup up down status observe models test test-fast test-unit test-integration lint fmt typecheck demo bench clean
+.PHONY: help setup up down status observe models test test-fast test-unit test-integration lint fmt docs typecheck demo bench clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -86,6 +86,9 @@ fmt: setup ## Format the code with ruff.
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+docs: setup ## Rewrite docs/reference/settings.md from the settings classes.
+	$(BIN)/python infra/settings_reference.py --write
+
 typecheck: setup ## mypy only.
 	$(BIN)/mypy
 
@@ -100,6 +103,7 @@ $(STAMP)/bench-tools: infra/bench-tools.sh
 	@touch $@
 
 bench: up models $(STAMP)/bench-tools ## Run the benchmarks and print the ratios (results go in docs/benchmarks.md).
+	$(BIN)/tidegate schemas register
 	$(BIN)/python -m tests.bench
 
 clean: down ## Stop the stack and delete var/ (data, logs, jars).

@@ -10,11 +10,9 @@ else is answered with `refused_error`, a retriable UNAVAILABLE.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from tidegate.agents.breaker_board import BreakerBoard
 from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.loaded import LoadedModel, Versions
 from tidegate.agents.version_manager import TableSource
 from tidegate.core.errors import ModelUnavailableError, TidegateError
 from tidegate.lifecycle.domain.routing import EXPLICIT
@@ -24,14 +22,6 @@ __all__ = ["FALLBACK_RULE", "allows_fallback", "fallback_for", "refused_error"]
 
 FALLBACK_RULE = "fallback:breaker-open@{model}/{version}"
 """The routing rule of a result the fallback served, naming the version whose breaker was open."""
-
-
-class Versions(Protocol):
-    """`tidegate.agents.dataplane.Versions`: which versions are warm, and getting one."""
-
-    def ready(self, model: str, version: str) -> bool: ...
-
-    async def get(self, model: str, version: str) -> LoadedModel: ...
 
 
 def allows_fallback(task: InferenceTask, rule: str) -> bool:

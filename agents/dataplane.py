@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +38,7 @@ from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.breaker_board import BreakerBoard
 from tidegate.agents.breaker_guard import fallback_for, refused_error
 from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.loaded import LoadedModel, Versions
 from tidegate.agents.result_builders import Timings, error_result, ok_result
 from tidegate.agents.shadow import ShadowJob, ShadowRequest, ShadowRunner
 from tidegate.agents.signature_checks import SignatureChecks
@@ -62,7 +62,6 @@ __all__ = [
     "SHADOWED_RULES",
     "InferenceService",
     "RowCountError",
-    "Versions",
 ]
 
 Result = dict[str, Any]
@@ -74,14 +73,6 @@ NOT_BEFORE = "retry_not_before_ms"
 through again (epoch ms), so a retry is not spent before then."""
 # (successes, model failures, failures isolated alone by bisection, client errors) of a call.
 _Outcome = tuple[int, int, int, int]
-
-
-class Versions(Protocol):
-    """Loaded versions: what the router asks (`ready`) and what serves (`get`)."""
-
-    def ready(self, model: str, version: str) -> bool: ...
-
-    async def get(self, model: str, version: str) -> LoadedModel: ...
 
 
 class RowCountError(ModelExecutionError):

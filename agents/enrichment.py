@@ -26,10 +26,10 @@ import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from tidegate.agents.dataplane import Versions
 from tidegate.agents.feature_settings import UPDATED_AT, FeatureSettings, InputFeatures
 from tidegate.agents.feature_store import entity_redis_key
 from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.loaded import Versions
 from tidegate.agents.pre_route import Service, pre_route
 from tidegate.agents.result_builders import Timings, error_result
 from tidegate.agents.version_manager import TableSource

@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tidegate.agents.compare import Kind, task_of
 from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError, TidegateError
@@ -25,7 +26,15 @@ from tidegate.models.runtime.contract import ModelRuntime
 from tidegate.models.store import LocalArtifactStore
 from tidegate.schemas.signature import Signature
 
-__all__ = ["LoadedModel", "ModelCache", "ModelLoader", "VersionKey", "store_loader", "unload"]
+__all__ = [
+    "LoadedModel",
+    "ModelCache",
+    "ModelLoader",
+    "VersionKey",
+    "Versions",
+    "store_loader",
+    "unload",
+]
 
 log = get_logger(__name__)
 
@@ -50,6 +59,14 @@ class LoadedModel:
 
 
 ModelLoader = Callable[[str, str], Awaitable[LoadedModel]]
+
+
+class Versions(Protocol):
+    """Loaded versions: what the router asks (`ready`) and what serves (`get`)."""
+
+    def ready(self, model: str, version: str) -> bool: ...
+
+    async def get(self, model: str, version: str) -> LoadedModel: ...
 
 
 def store_loader(settings: ModelSettings) -> ModelLoader:

@@ -9,9 +9,9 @@ from contextlib import AsyncExitStack
 from redis.asyncio import Redis
 
 from tidegate.agents.cached_inference import CachedInference
-from tidegate.agents.dataplane import Versions
 from tidegate.agents.enrichment import Enrichment
 from tidegate.agents.feature_settings import FeatureSettings
+from tidegate.agents.loaded import Versions
 from tidegate.agents.pre_route import Service
 from tidegate.agents.version_manager import TableSource
 from tidegate.core.cache_settings import PredictionCacheSettings, cache_redis

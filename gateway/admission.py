@@ -12,7 +12,7 @@ Three checks, each O(1) on numbers kept up to date once per tick (`tidegate.gate
   workers' Kafka lag over their capacity, whichever is longer) past the call's wait budget, half of
   it for the batch lane.
 
-The gateway itself may be the bottleneck (issue 12 found it at 0.6-0.9 cores): then calls wait in
+The gateway itself may be the bottleneck (measured at 0.6-0.9 cores): then calls wait in
 the socket before they are read, which no call's latency shows. So the event loop's lateness is
 watched too (`loop_lag`, stepped every `LOOP_CHECK_S` by the app): a tick in which it ran later
 than half the SLO on two checks in a row shrinks every model's limit, as queueing calls do (one

@@ -5,8 +5,9 @@
   as the super user `tidegate` (the authorizer allows a super user without reading the ACLs) and
   once as each component's own principal (the workers as `tidegate-worker`, the load as a
   producer application, `tidegate-producer`) under the ACLs `make up` applies. TLS and SCRAM are
-  the same in both: only the authorization differs. CPU per request counts the workers, the
-  controller and the broker.
+  the same in both: only the authorization differs. A warm-up arm runs first, uncounted; then
+  3 rounds at fixed rates near capacity. CPU per request counts the workers, the controller, the
+  broker, PostgreSQL, Redis and the registry; the bar compares each arm's best round.
 * The submission nonce and the pre-authentication budget, per call, against the HTTP path's CPU
   per call (2.6 ms at 250/s, docs/benchmarks.md): a nonce is made for every submission and
   compared on every reply; the budget is spent only when no cache answers for the key.
@@ -85,11 +86,28 @@ def _per_call_us() -> dict[str, float]:
     }
 
 
+RATES = [500, 750]
+"""Fixed steps, both near the Kafka path's capacity on SASL_SSL here: a sweep's sustained rate
+moves by a whole step on this noisy host, far more than the 5% this part is asked to resolve."""
+
+
 def run() -> None:
+    import tests.bench.versus as versus
+
     print("\nsecurity: the Kafka path on SASL_SSL, as the super user and as its own principals")
+    # Workers serve what the lifecycle says: register and promote the example models first.
+    from rich.console import Console
+
+    from tidegate.cli.demo_lifecycle import bootstrap
+    from tidegate.models.model_settings import ModelSettings
+
+    bootstrap(ModelSettings().store_dir.parent / "packages", Console())
+    versus.RATES[:] = RATES  # the sweep's steps, for this part only
+    print("security: warm-up arm (not counted: the first arm after a start runs cold)")
+    ARMS["super user"]()
     rounds: list[dict[str, Sweep]] = []
     names = list(ARMS)
-    for k in range(ROUNDS):
+    for k in range(max(ROUNDS, 3)):
         order = names if k % 2 == 0 else names[::-1]
         found = {}
         for name in order:
@@ -98,11 +116,17 @@ def run() -> None:
         rounds.append(found)
     for name in names:
         every = [r[name].sustained for r in rounds]
-        top = max(rounds, key=lambda r: r[name].sustained)[name]
-        cpu = ", ".join(f"{g} {ms:.2f}" for g, ms in top.cpu_ms.items())
-        print(f"  {name:<15} sustained {top.sustained:>7,.0f}/s  rounds {every}  cpu ms/req {cpu}")
-    worst = min(r["own principals"].sustained / max(r["super user"].sustained, 1) for r in rounds)
-    print(f"  ACLs: own principals / super user, worst round = {worst:.2f}  bar >= 0.95")
+        cpu = [round(r[name].first.get("all", 0.0), 2) for r in rounds]
+        print(f"  {name:<15} sustained per round {every}  CPU ms/req at {RATES[0]}/s {cpu}")
+    # Each arm's best round (the least disturbed by the host), then their ratio.
+    best = {n: min(r[n].first.get("all", float("inf")) for r in rounds) for n in names}
+    ratio = best["own principals"] / best["super user"]
+    print(f"  CPU per request, own principals / super user, best rounds = {ratio:.3f}  bar <= 1.05")
+    sustained = {n: max(r[n].sustained for r in rounds) for n in names}
+    print(
+        f"  highest sustained: super user {sustained['super user']:.0f}/s, own principals "
+        f"{sustained['own principals']:.0f}/s (of {RATES})"
+    )
     print("security: per call, against the HTTP path's CPU per call")
     for what, us in _per_call_us().items():
         share = 100 * us / (HTTP_CPU_MS * 1000)
