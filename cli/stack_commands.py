@@ -18,6 +18,8 @@ from tidegate.cli.acl_commands import acls
 from tidegate.core import stack
 from tidegate.core.db import make_pool, migrate
 from tidegate.core.kafka import make_admin
+from tidegate.core.kafka_acls import Component
+from tidegate.core.kafka_principals import ensure_env_file, upsert_scram_users
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -151,9 +153,6 @@ def kafka_principals(
     DIRECTORY/<component>.env (mode 600, with the listener's TIDEGATE_KAFKA_* settings), set on
     the cluster through the admin connection of TIDEGATE_KAFKA_*. Nothing secret is printed.
     `tidegate stack acls --apply` then grants each what it may do (docs/security.md)."""
-    from tidegate.core.kafka_acls import Component
-    from tidegate.core.kafka_principals import ensure_env_file, upsert_scram_users
-
     if security_protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
         raise typer.BadParameter("SASL_PLAINTEXT or SASL_SSL", param_hint="--security-protocol")
     made = [
