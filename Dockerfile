@@ -9,15 +9,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# The whole checkout (less .dockerignore): the packages, plus infra/migrations for the init service.
+# The whole checkout (less .dockerignore): the packages and constraints.txt.
 COPY . .
-# - A non-editable install: infra/image-migrations.sh puts the migrations where the installed
-#   package looks for them (tidegate.core.db.MIGRATIONS_DIR, inside site-packages) and checks it.
+# - A non-editable install of every part, at constraints.txt's exact versions; the migrations are
+#   package data (tidegate.core.migrations), so the controller finds them in site-packages.
 # - uid and gid 10001, as deploy/k8s's securityContext says.
 # - /app/var (the model store, var/models, and packages, var/packages) exists and belongs to that
 #   user, so the named volume docker-compose.yml mounts there starts out owned by it, not by root.
-RUN pip install . \
-    && sh infra/image-migrations.sh \
+RUN pip install -c constraints.txt ".[all]" \
     && groupadd --system --gid 10001 tidegate \
     && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \
        --shell /usr/sbin/nologin tidegate \

@@ -22,11 +22,12 @@ $(STAMP)/system: infra/install-system.sh
 	bash infra/install-system.sh
 	@touch $@
 
-$(STAMP)/venv: pyproject.toml
+# Every extra (a single host runs every part) plus the dev tools, at constraints.txt's exact versions.
+$(STAMP)/venv: pyproject.toml constraints.txt
 	@mkdir -p $(STAMP)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[all,dev]"
 	@touch $@
 
 # kubeconform and the Kubernetes, KEDA and Compose schemas the tests in tests/unit/deploy validate with.

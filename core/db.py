@@ -1,14 +1,15 @@
 """PostgreSQL access: the connection pool, migrations, and the one place DB errors are mapped.
 
 Every connection's search path starts with `PostgresSettings.db_schema` (see `conninfo()`), and
-`migrate` applies infra/migrations into that schema, so a test run gets a database of its own
-with one setting.
+`migrate` applies the package's migrations (core/migrations, shipped as package data) into that
+schema, so a test run gets a database of its own with one setting.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from pathlib import Path
 from typing import Protocol
 
@@ -17,7 +18,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from yoyo import get_backend, read_migrations
 
-from tidegate.core.errors import LifecycleUnavailableError
+from tidegate.core.errors import ConfigurationError, LifecycleUnavailableError
 from tidegate.core.settings import PostgresSettings
 
 __all__ = [
@@ -29,7 +30,18 @@ __all__ = [
     "migrate",
 ]
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "infra" / "migrations"
+
+def _migrations_dir() -> Path:
+    """The migrations shipped in the package (`tidegate.core`'s data), wherever it is installed.
+
+    yoyo reads a folder, so an install must have real files: a zipped one would not."""
+    found = files("tidegate.core") / "migrations"
+    if not isinstance(found, Path) or not found.is_dir():
+        raise ConfigurationError(f"tidegate's migrations are not a folder on disk: {found}")
+    return found
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 POOL_TIMEOUT_S = 10.0
 """How long a caller waits for a pooled connection before the store counts as unavailable."""

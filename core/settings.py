@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlsplit
 
-from psycopg.conninfo import make_conninfo
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -396,6 +395,9 @@ class PostgresSettings(BaseSettings):
     def conninfo(self) -> str:
         """A libpq connection string (psycopg), with `db_schema` first on the search path; each
         value quoted by libpq's own rules (`make_conninfo`), whatever characters it holds."""
+        # Imported here: the producer client's install (the base, no extras) has no psycopg.
+        from psycopg.conninfo import make_conninfo
+
         return make_conninfo(
             host=self.host,
             port=self.port,

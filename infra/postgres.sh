@@ -120,15 +120,17 @@ SQL
 
 pg_migrate() {
   local out
+  # The package's own migrations (package data of tidegate.core, decision 007).
+  local migrations="$STACK_INFRA/../core/migrations"
   if ! out=$("$STACK_BIN/yoyo" apply --batch --no-config-file --database "$PG_URL" \
-    "$STACK_INFRA/migrations" 2>&1); then
+    "$migrations" 2>&1); then
     echo "$out" >&2
-    die "postgres: migrations in infra/migrations failed"
+    die "postgres: migrations in core/migrations failed"
   fi
   local applied
-  applied=$("$STACK_BIN/yoyo" list --no-config-file --database "$PG_URL" "$STACK_INFRA/migrations" \
+  applied=$("$STACK_BIN/yoyo" list --no-config-file --database "$PG_URL" "$migrations" \
     2>/dev/null | grep -c '^A ' || true)
-  log "postgres: migrations up to date ($applied applied from infra/migrations)"
+  log "postgres: migrations up to date ($applied applied from core/migrations)"
 }
 
 # Healthy = accepting connections, and the app's role can log in and query its database.

@@ -10,10 +10,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import numpy as np
-
-from tidegate.schemas.tensors import from_numpy
-
 __all__ = [
     "FALLBACK_OF",
     "SUBMISSION_HEADER",
@@ -41,8 +37,22 @@ Inputs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 def _tensors(inputs: Inputs) -> list[dict[str, Any]]:
     if isinstance(inputs, Mapping):
-        return [from_numpy(name, np.asarray(value)) for name, value in inputs.items()]
+        return _named_arrays(inputs)
     return [dict(tensor) for tensor in inputs]
+
+
+def _named_arrays(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    # numpy is imported only for named arrays: the producer client's base install has none, and
+    # takes `Tensor` records as they are (`pip install 'tidegate[arrays]'` for named arrays).
+    try:
+        import numpy as np
+
+        from tidegate.schemas.tensors import from_numpy
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "named arrays need numpy: pip install 'tidegate[arrays]', or pass Tensor records"
+        ) from exc
+    return [from_numpy(name, np.asarray(value)) for name, value in inputs.items()]
 
 
 def _deadline(deadline: datetime | timedelta | None, now: datetime) -> datetime | None:

@@ -1,6 +1,6 @@
 """Read models of the lifecycle, folded from the events alone.
 
-Tables (infra/migrations/0002_lifecycle.sql): `lifecycle_models` (one row per model: primary,
+Tables (core/migrations/0002_lifecycle.sql): `lifecycle_models` (one row per model: primary,
 canary), `routing_versions` (weights, shadow rates, readiness), `routing_rules` (pins and
 experiments), `version_history` (one row per event) and `version_lineage` (per version: where it
 came from and what happened to it). The store rewrites a model's rows from `fold` inside every

@@ -1,4 +1,4 @@
-"""Backtest outcomes in PostgreSQL (`infra/migrations/0006_backtests.sql`): the runner records
+"""Backtest outcomes in PostgreSQL (`core/migrations/0006_backtests.sql`): the runner records
 each run, and the promotion gate reads a candidate's latest.
 
 The report itself (`tidegate.dlq.backtest_report.BacktestReport`) lives above the lifecycle, so

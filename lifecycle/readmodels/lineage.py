@@ -1,6 +1,6 @@
 """Queries over the indexed lineage: who served a request, and how a shadow candidate compares.
 
-Both read the tables the indexer fills (`infra/migrations/0003_lineage.sql`, with the sources,
+Both read the tables the indexer fills (`core/migrations/0003_lineage.sql`, with the sources,
 redeliveries and request id conflicts of `0005_lineage_sources.sql`). Shadow stats are
 aggregated in SQL, over every comparison stored for the candidate, so `models compare` and the
 promotion gate see the same numbers however many workers produced them.

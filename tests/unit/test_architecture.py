@@ -36,6 +36,8 @@ DEFERRED = {
     ("tidegate.models.runtime.loader", "tidegate.models.runtime.onnx"),
     # A gateway without /admin never loads the lifecycle's database code.
     ("tidegate.gateway.app", "tidegate.gateway.admin"),
+    # The producer client's base install has no numpy: named arrays load it on first use.
+    ("tidegate.schemas.requests", "tidegate.schemas.tensors"),
 }
 CLI_DEFERRED = (
     "tidegate.agents",

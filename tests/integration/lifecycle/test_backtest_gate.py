@@ -1,6 +1,6 @@
 """The backtest promotion gate against the real PostgreSQL: `promote` is refused without a
 recorded backtest, and allowed once a passing one is recorded (lifecycle.readmodels.backtests,
-infra/migrations/0006_backtests.sql).
+core/migrations/0006_backtests.sql).
 
 The model's history is appended straight to the event store and the shadow comparisons a
 controller's indexer would write are inserted directly, so the shadow gate passes and only the

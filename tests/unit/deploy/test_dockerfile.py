@@ -1,7 +1,7 @@
 """The image: what docker-compose.yml and deploy/k8s expect of the Dockerfile holds.
 
-The image cannot be built here (no Docker engine), so the Dockerfile is read, and the one step that
-is code, infra/image-migrations.sh, runs against a real non-editable install of the wheel.
+The image cannot be built here (no Docker engine), so the Dockerfile is read, and a real
+non-editable install of the wheel shows that the controller finds its migrations there.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,20 +18,9 @@ from pathlib import Path
 import yaml
 
 from tests.unit.deploy.deploy_support import REPO
+from tests.wheel_build import PIP, build_wheel
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
-FOLDERS = [
-    "core",
-    "schemas",
-    "models",
-    "clients",
-    "lifecycle",
-    "dlq",
-    "agents",
-    "gateway",
-    "examples",
-    "cli",
-]
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -99,63 +87,37 @@ def test_the_volumes_compose_mounts_exist_in_the_image_and_belong_to_its_user() 
 
 
 def test_the_paths_the_services_read_from_the_checkout_are_in_the_image() -> None:
-    """COPY . . brings the checkout less .dockerignore: the migrations the init service applies and
-    the script the build runs must not be ignored."""
+    """COPY . . brings the checkout less .dockerignore: what the install reads must not be
+    ignored, and the image installs every part at constraints.txt's versions."""
     ignored = [
         line.strip()
         for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    needed = ["infra/migrations/0001_init.sql", "infra/image-migrations.sh", "pyproject.toml"]
-    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
-    assert "infra/migrations" in compose["services"]["init"]["command"][0]
+    needed = ["core/migrations/0001_init.sql", "constraints.txt", "pyproject.toml", "setup.py"]
     for path in needed:
         assert (REPO / path).exists(), path
         parts = Path(path).parts
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
         assert not any(fnmatch.fnmatch(p, pattern) for p in prefixes for pattern in ignored), path
-    assert ["sh", "infra/image-migrations.sh"] in run_commands()
+    assert ["pip", "install", "-c", "constraints.txt", ".[all]"] in run_commands()
+    # init migrates through the installed package (registry-credentials migrates first).
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    assert "tidegate stack registry-credentials" in compose["services"]["init"]["command"][0]
 
 
-def _installed_copy(tmp_path: Path) -> Path:
-    """tidegate installed from its wheel into a folder of its own, as `pip install .` does."""
-    source = tmp_path / "src"
-    for folder in FOLDERS:
-        shutil.copytree(
-            REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    shutil.copytree(REPO / "tidegate", source / "tidegate", symlinks=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "infra" / "migrations", source / "infra" / "migrations")
-    shutil.copy(REPO / "infra" / "image-migrations.sh", source / "infra" / "image-migrations.sh")
-    pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run(
-        [
-            *pip,
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path / "dist"),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = (tmp_path / "dist").glob("tidegate-*.whl")
+def test_a_non_editable_install_finds_its_migrations_in_site_packages(tmp_path: Path) -> None:
+    """The image's `pip install` is not editable: the controller must find the migrations the
+    wheel carries as package data, inside site-packages."""
+    wheel = build_wheel(tmp_path)
     site = tmp_path / "site"
     subprocess.run(
-        [*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        [*PIP, "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    return source
-
-
-def _migrations_dir(site: Path, env: dict[str, str]) -> tuple[Path, list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
     probe = (
         "import json; from yoyo import read_migrations;"
         "from tidegate.core.db import MIGRATIONS_DIR as d;"
@@ -166,35 +128,8 @@ def _migrations_dir(site: Path, env: dict[str, str]) -> tuple[Path, list[str]]:
     )
     assert out.returncode == 0, out.stderr
     where, ids = out.stdout.splitlines()
-    return Path(where), json.loads(ids)
-
-
-def test_an_installed_tidegate_finds_its_migrations_once_the_image_step_ran(tmp_path: Path) -> None:
-    source = _installed_copy(tmp_path)
-    site = tmp_path / "site"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(site),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-
-    # The problem the step fixes: the installed package looks inside site-packages, finds nothing.
-    where, ids = _migrations_dir(site, env)
-    assert where.is_relative_to(site)
-    assert ids == []
-
-    result = subprocess.run(
-        ["sh", "infra/image-migrations.sh"],
-        cwd=source,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    where, ids = _migrations_dir(site, env)
     expected = sorted(
-        p.stem for p in (REPO / "infra" / "migrations").glob("*.sql") if ".rollback" not in p.name
+        p.stem for p in (REPO / "core" / "migrations").glob("*.sql") if ".rollback" not in p.name
     )
-    assert where.is_relative_to(site)
-    assert ids == expected
+    assert Path(where).is_relative_to(site)
+    assert json.loads(ids) == expected
