@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from tidegate.agents.delivery import Publisher
+from tidegate.agents.kafka_io.delivery import Publisher
 from tidegate.core.kafka import make_producer
 from tidegate.core.settings import KafkaSettings
 

@@ -25,11 +25,11 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents import worker_tracing as tracing
-from tidegate.agents.delivery import Publisher
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.result_builders import error_result
+from tidegate.agents.inference.result_builders import error_result
+from tidegate.agents.kafka_io.delivery import Publisher
+from tidegate.agents.kafka_io.offsets import OffsetTracker
+from tidegate.agents.tasks import worker_tracing as tracing
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelExecutionError, SerializationError
 from tidegate.core.telemetry import get_logger
 
