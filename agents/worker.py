@@ -36,7 +36,7 @@ from tidegate.agents.inference.batching import KeyedBatcher
 from tidegate.agents.inference.inference_service import InferenceService
 from tidegate.agents.kafka_io.consumer_cycle import ConsumerCycle, highest_offsets
 from tidegate.agents.kafka_io.crash_guard import CrashGuard
-from tidegate.agents.kafka_io.delivery import Publisher
+from tidegate.agents.kafka_io.delivery import ResultPublisher
 from tidegate.agents.kafka_io.failures import FailureRouter, default_router
 from tidegate.agents.kafka_io.membership import check_membership, consumer_options, prepare_group
 from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot, hand_over
@@ -134,7 +134,7 @@ class InferenceWorker:
             else None
         )
         producer = worker_producer(self._kafka, client_id, transactions)
-        self._publisher = Publisher(producer, client, self.topics)
+        self._publisher = ResultPublisher(producer, client, self.topics)
         self._decoder = RequestDecoder(
             AvroDecoder(client, load_schema(INFERENCE_REQUEST)), self._publisher.reply_refusal
         )
@@ -202,7 +202,7 @@ class InferenceWorker:
         )
 
     @property
-    def publisher(self) -> Publisher:
+    def publisher(self) -> ResultPublisher:
         """The worker's producer (after `start`); side records such as shadow comparisons use it
         too, so a worker keeps one producer."""
         return self._publisher

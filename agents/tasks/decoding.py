@@ -54,7 +54,7 @@ class Decoded:
 
 class RequestDecoder:
     """`reply_refusal` says why a request's `reply_to` is not honoured
-    (`Publisher.reply_refusal`): such a request is poison with that reason, answered INVALID
+    (`ResultPublisher.reply_refusal`): such a request is poison with that reason, answered INVALID
     on the results topic only."""
 
     def __init__(

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tidegate.agents.inference.result_builders import Timings, ok_result
-from tidegate.agents.kafka_io.delivery import Publisher
+from tidegate.agents.kafka_io.delivery import ResultPublisher
 from tidegate.agents.kafka_io.failures import default_router
 from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot, hand_over
 from tidegate.agents.kafka_io.sinks import AckedSink
@@ -118,7 +118,7 @@ def _answer(tasks: list[InferenceTask], output: list[dict[str, Any]]) -> list[di
 
 async def _best_batch_us(mode: str, client: MockSchemaRegistryClient, values: list[bytes]) -> float:
     producer = _Producer()
-    publisher = Publisher(producer, client, TOPICS)  # type: ignore[arg-type]
+    publisher = ResultPublisher(producer, client, TOPICS)  # type: ignore[arg-type]
     publisher.start()
     tracer = None
     headers: KafkaHeaders | None = None

@@ -283,7 +283,7 @@ class Harness:
         self._monkeypatch = monkeypatch
         monkeypatch.setattr(worker_module, "worker_producer", lambda *_: None)
         monkeypatch.setattr(worker_producers, "make_producer", lambda *_: None)
-        monkeypatch.setattr(worker_module, "Publisher", lambda *_: self.publisher)
+        monkeypatch.setattr(worker_module, "ResultPublisher", lambda *_: self.publisher)
 
     async def start(
         self,
