@@ -24,17 +24,17 @@ from typing import Any, cast
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from redis.asyncio import Redis
 
-from tidegate.agents.breaker_board import BreakerBoard, BreakerPublisher
-from tidegate.agents.breaker_settings import BreakerSettings
-from tidegate.agents.crash_guard import CrashGuard
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.failures import default_router
-from tidegate.agents.feature_settings import FeatureSettings
-from tidegate.agents.lanes import LaneGate
-from tidegate.agents.loaded import ModelCache, ModelLoader, store_loader
-from tidegate.agents.request_stages import front_stages
-from tidegate.agents.shadow import ShadowRunner
-from tidegate.agents.version_manager import VersionManager
+from tidegate.agents.breakers.breaker_board import BreakerBoard, BreakerPublisher
+from tidegate.agents.breakers.breaker_settings import BreakerSettings
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.inference.loaded import ModelCache, ModelLoader, store_loader
+from tidegate.agents.inference.shadow import ShadowRunner
+from tidegate.agents.inference.version_manager import VersionManager
+from tidegate.agents.kafka_io.crash_guard import CrashGuard
+from tidegate.agents.kafka_io.failures import default_router
+from tidegate.agents.kafka_io.lanes import LaneGate
+from tidegate.agents.stages.feature_settings import FeatureSettings
+from tidegate.agents.stages.request_stages import front_stages
 from tidegate.agents.worker import InferenceWorker
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.clients.producer import LANES, Lane, lane_topic

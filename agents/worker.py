@@ -32,20 +32,20 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.batching import KeyedBatcher
-from tidegate.agents.consumer_cycle import ConsumerCycle, highest_offsets
-from tidegate.agents.crash_guard import CrashGuard
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.decoding import RequestDecoder
-from tidegate.agents.delivery import Publisher
-from tidegate.agents.failures import FailureRouter, default_router
-from tidegate.agents.membership import check_membership, consumer_options, prepare_group
-from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
-from tidegate.agents.sinks import AckedSink, ResultSink, TransactionalSink
-from tidegate.agents.solo_lane import SoloLane
-from tidegate.agents.worker_producers import Transactions, start_publisher, worker_producer
+from tidegate.agents.inference.batching import KeyedBatcher
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.kafka_io.consumer_cycle import ConsumerCycle, highest_offsets
+from tidegate.agents.kafka_io.crash_guard import CrashGuard
+from tidegate.agents.kafka_io.delivery import ResultPublisher
+from tidegate.agents.kafka_io.failures import FailureRouter, default_router
+from tidegate.agents.kafka_io.membership import check_membership, consumer_options, prepare_group
+from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot, hand_over
+from tidegate.agents.kafka_io.sinks import AckedSink, ResultSink, TransactionalSink
+from tidegate.agents.kafka_io.solo_lane import SoloLane
+from tidegate.agents.kafka_io.worker_producers import Transactions, start_publisher, worker_producer
+from tidegate.agents.tasks.decoding import RequestDecoder
+from tidegate.agents.tasks.worker_tracing import batch_span, consumed
 from tidegate.agents.worker_settings import WorkerSettings
-from tidegate.agents.worker_tracing import batch_span, consumed
 from tidegate.core.aio import OwnerThread, cancel_and_wait
 from tidegate.core.errors import RetriableError
 from tidegate.core.kafka import make_consumer
@@ -134,7 +134,7 @@ class InferenceWorker:
             else None
         )
         producer = worker_producer(self._kafka, client_id, transactions)
-        self._publisher = Publisher(producer, client, self.topics)
+        self._publisher = ResultPublisher(producer, client, self.topics)
         self._decoder = RequestDecoder(
             AvroDecoder(client, load_schema(INFERENCE_REQUEST)), self._publisher.reply_refusal
         )
@@ -202,7 +202,7 @@ class InferenceWorker:
         )
 
     @property
-    def publisher(self) -> Publisher:
+    def publisher(self) -> ResultPublisher:
         """The worker's producer (after `start`); side records such as shadow comparisons use it
         too, so a worker keeps one producer."""
         return self._publisher

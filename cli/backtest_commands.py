@@ -112,7 +112,7 @@ async def run_backtest(
     postgres: PostgresSettings | None = None,
 ) -> BacktestRun:
     """The command's work, settings injectable (the integration tests call it directly)."""
-    from tidegate.agents.offline import OfflineScorer
+    from tidegate.agents.inference.offline import OfflineScorer
 
     run_id = new_run_id().replace("replay-", "backtest-", 1)
     client = SchemaRegistryClient((registry or SchemaRegistrySettings()).client_config())

@@ -19,8 +19,8 @@ import typer
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from tidegate.agents.feature_settings import FeatureSettings
-from tidegate.agents.feature_store import read_features, write_features
+from tidegate.agents.stages.feature_settings import FeatureSettings
+from tidegate.agents.stages.feature_store import read_features, write_features
 from tidegate.core.errors import TidegateError
 from tidegate.core.settings import RedisSettings
 

@@ -262,7 +262,7 @@ async def _run(
     rate: float | None,
     show_progress: bool,
 ) -> None:
-    from tidegate.agents.offline import OfflineScorer
+    from tidegate.agents.inference.offline import OfflineScorer
 
     registry = SchemaRegistryClient(SchemaRegistrySettings().client_config())
     scorer = OfflineScorer.from_settings(ModelSettings(), worker_id=f"replay:{checkpoint.run_id}")

@@ -3,8 +3,9 @@ next to what was served.
 
 It is built from plain rows (`BacktestRow`) that the runner assembles, so the numbers can be
 checked against a direct runtime comparison without Kafka or a database. The definitions are the
-shadow comparison's (`tidegate.agents.compare`), applied to a time range instead of a sample, so
-a backtest and a shadow run of the same candidate speak the same language (docs/backtest.md):
+shadow comparison's (`tidegate.agents.inference.compare`), applied to a time range instead of a
+sample, so a backtest and a shadow run of the same candidate speak the same language
+(docs/backtest.md):
 
 * a request is *compared* when it has a served result and a candidate result with at least one
   numeric output in common of equal shapes; one without a served result is `missing_served`, one
@@ -18,8 +19,8 @@ a backtest and a shadow run of the same candidate speak the same language (docs/
   with nothing;
 * latency: percentiles (linear, like PostgreSQL's percentile_cont) over compared requests.
 
-What the outputs mean (`task`) is the caller's to say: `tidegate.agents.compare.task_of` on the
-version's manifest gives it. The dlq layer sits below the workers, so the report cannot ask
+What the outputs mean (`task`) is the caller's to say: `tidegate.agents.inference.compare.task_of`
+on the version's manifest gives it. The dlq layer sits below the workers, so the report cannot ask
 that rule itself, and a second guessing rule here would drift from the shadow's.
 """
 
@@ -249,8 +250,8 @@ def build_report(
 def _compared_outputs(
     served: Mapping[str, npt.NDArray[Any]], candidate: Mapping[str, npt.NDArray[Any]]
 ) -> list[str]:
-    """The shadow's rule (`agents.compare.compared_outputs`): numeric outputs both gave, in the
-    served order."""
+    """The shadow's rule (`agents.inference.compare.compared_outputs`): numeric outputs both gave,
+    in the served order."""
     return [
         name
         for name, array in served.items()

@@ -3,9 +3,9 @@ run's target topic, and checkpoint what Kafka acknowledged.
 
 It runs in the operator's process, beside the live workers and never through them: the reader
 assigns partitions and commits nothing (`dlq.replay_reader`), compute is the workers' own data
-plane run offline (`Scorer`, implemented by `tidegate.agents.offline`), and results go to one
-topic only, never to replies or the dead-letter topics. The live results topic is refused unless
-the caller passes `live=True` (`tidegate replay --to-topic inference-results --live`).
+plane run offline (`Scorer`, implemented by `tidegate.agents.inference.offline`), and results go
+to one topic only, never to replies or the dead-letter topics. The live results topic is refused
+unless the caller passes `live=True` (`tidegate replay --to-topic inference-results --live`).
 
 Each result carries the request's lineage: its history plus a `replay` step naming this run and
 the record it came from, the request's first position as `origin`, its delivery attempt, and the

@@ -38,8 +38,9 @@ class Decision:
     """Why: `explicit-version`, `pin:<rule>`, `experiment:<rule>`, `split@<sequence>` or
     `warming-fallback@<sequence>`; results carry it, so `tidegate served` can say why. A worker
     that sends the request to the model's declared fallback instead says
-    `fallback:breaker-open@<model>/<version>` (`tidegate.agents.dataplane`); one a gateway sent
-    to the fallback says `fallback:<reason>@<model>`, reason `breaker-open` or `overloaded`."""
+    `fallback:breaker-open@<model>/<version>` (`tidegate.agents.inference.inference_service`); one
+    a gateway sent to the fallback says `fallback:<reason>@<model>`, reason `breaker-open` or
+    `overloaded`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from tests.bench.takeover import bench_stack
 from tests.integration.workers import SIGNATURE, Stack, build_tiny_model
 from tests.support import unique
 from tidegate.agents.assembly import WorkerConfig, running_worker
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.clients.producer import Lane, TidegateProducer
 from tidegate.core.kafka import make_admin, make_consumer

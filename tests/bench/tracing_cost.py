@@ -22,14 +22,14 @@ from confluent_kafka.schema_registry._sync.mock_schema_registry_client import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from tidegate.agents.decoding import RequestDecoder
-from tidegate.agents.delivery import Publisher
-from tidegate.agents.failures import default_router
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
-from tidegate.agents.result_builders import Timings, ok_result
-from tidegate.agents.sinks import AckedSink
-from tidegate.agents.worker_tracing import batch_span, consumed
+from tidegate.agents.inference.result_builders import Timings, ok_result
+from tidegate.agents.kafka_io.delivery import ResultPublisher
+from tidegate.agents.kafka_io.failures import default_router
+from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot, hand_over
+from tidegate.agents.kafka_io.sinks import AckedSink
+from tidegate.agents.tasks.decoding import RequestDecoder
+from tidegate.agents.tasks.inference_task import InferenceTask
+from tidegate.agents.tasks.worker_tracing import batch_span, consumed
 from tidegate.core import tracing as tracing_module
 from tidegate.core.settings import TopicSettings
 from tidegate.core.telemetry_settings import TracingSettings
@@ -118,7 +118,7 @@ def _answer(tasks: list[InferenceTask], output: list[dict[str, Any]]) -> list[di
 
 async def _best_batch_us(mode: str, client: MockSchemaRegistryClient, values: list[bytes]) -> float:
     producer = _Producer()
-    publisher = Publisher(producer, client, TOPICS)  # type: ignore[arg-type]
+    publisher = ResultPublisher(producer, client, TOPICS)  # type: ignore[arg-type]
     publisher.start()
     tracer = None
     headers: KafkaHeaders | None = None

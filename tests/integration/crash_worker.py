@@ -13,7 +13,7 @@ import numpy as np
 
 from tests.integration.workers import SIGNATURE
 from tidegate.agents.assembly import WorkerConfig, running_worker
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
 
 CRASH = 666.0

@@ -27,7 +27,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tests.support import unique, wait_for
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
-from tidegate.agents.loaded import ModelLoader
+from tidegate.agents.inference.loaded import ModelLoader
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.db import make_pool
 from tidegate.core.kafka import make_consumer, make_producer

@@ -38,8 +38,8 @@ from tests.integration.workers import (
 )
 from tests.support import unique, wait_for
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
-from tidegate.agents.breaker_settings import BreakerSettings
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.breakers.breaker_settings import BreakerSettings
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.errors import ModelExecutionError
 from tidegate.core.kafka import make_consumer

@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support import unique
-from tidegate.agents.crash_guard import CrashGuard
+from tidegate.agents.kafka_io.crash_guard import CrashGuard
 from tidegate.core.settings import RedisSettings
 
 

@@ -22,8 +22,8 @@ from tests.integration.conftest import REPO
 from tests.integration.workers import Reader, Stack, in_thread, publish
 from tests.support import unique
 from tidegate.agents.assembly import WorkerConfig, running_worker
-from tidegate.agents.feature_settings import FeatureSettings
-from tidegate.agents.loaded import LoadedModel, store_loader
+from tidegate.agents.inference.loaded import LoadedModel, store_loader
+from tidegate.agents.stages.feature_settings import FeatureSettings
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.cli.features_commands import app as features_cli
 from tidegate.core.settings import RedisSettings

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tests.integration.workers import SIGNATURE, Reader, Stack, in_thread, publish, request, running
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.core.errors import ModelUnavailableError
 from tidegate.dlq.failure_settings import FailureSettings, ModelFailurePolicy
 from tidegate.models.model_settings import ModelSettings

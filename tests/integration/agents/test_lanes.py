@@ -21,7 +21,7 @@ from tests.integration.workers import (
 )
 from tests.support import eventually, unique, wait_for
 from tidegate.agents.assembly import RunningWorker
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.clients.producer import Lane, TidegateProducer
 from tidegate.core.kafka import make_admin
 from tidegate.models.model_settings import ModelSettings

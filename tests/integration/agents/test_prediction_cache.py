@@ -29,7 +29,7 @@ from tests.integration.workers import (
 )
 from tests.support import eventually, unique
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
-from tidegate.agents.loaded import LoadedModel, store_loader
+from tidegate.agents.inference.loaded import LoadedModel, store_loader
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.core.settings import RedisSettings

@@ -36,7 +36,7 @@ from tests.integration.workers import (
 )
 from tests.support import eventually, free_port, wait_for
 from tidegate.agents.assembly import WorkerConfig, running_worker
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.errors import ModelExecutionError
 from tidegate.core.kafka import make_consumer

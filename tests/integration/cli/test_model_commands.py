@@ -87,7 +87,7 @@ def sql(pg: PostgresSettings, query: str, rows: list[tuple[Any, ...]]) -> None:
 
 
 def loaded(pg: PostgresSettings, version: str, expected: int) -> None:
-    """A worker reports the version warm (what agents/version_manager.py appends)."""
+    """A worker reports the version warm (what agents/inference/version_manager.py appends)."""
 
     async def go() -> None:
         pool = make_pool(pg, LifecycleSettings())

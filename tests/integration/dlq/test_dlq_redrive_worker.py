@@ -17,7 +17,7 @@ from tests.integration.workers import (
     request,
     running,
 )
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.core.errors import ModelExecutionError
 from tidegate.dlq.redrive import Redrive
 from tidegate.dlq.redrive_report import RedriveOptions

@@ -28,7 +28,7 @@ from tests.integration.dlq.replay_fixtures import (
     onnx_probabilities,
 )
 from tests.support import unique
-from tidegate.agents.offline import OfflineScorer
+from tidegate.agents.inference.offline import OfflineScorer
 from tidegate.cli import app
 from tidegate.core.db import make_pool
 from tidegate.core.errors import ModelExecutionError

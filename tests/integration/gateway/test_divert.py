@@ -28,7 +28,7 @@ from tests.integration.gateway.gateway_fixtures import (
 )
 from tests.support import unique, wait_for
 from tests.unit.gateway_harness import FRAUD
-from tidegate.agents.breaker_board import BreakerPublisher
+from tidegate.agents.breakers.breaker_board import BreakerPublisher
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.core.settings import (
     KafkaSettings,
@@ -165,7 +165,7 @@ def test_open_breakers_send_calls_to_the_fallback_or_refuse_them_at_once(
 
         wait_for(diverted, timeout=20, what="a call answered by the fallback")
         # Marked for the worker, whose result then names the rule (tests/unit/agents/
-        # test_dataplane.py; this fake worker does not route).
+        # test_inference_service.py; this fake worker does not route).
         assert worker.seen[-1]["model"] == "fraud-lite"
         assert worker.seen[-1]["parameters"][FALLBACK_OF] == "breaker-open@fraud"
 

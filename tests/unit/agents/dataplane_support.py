@@ -14,10 +14,10 @@ import numpy.typing as npt
 
 from tests.support import eventually
 from tests.unit.lifecycle_events import recorded, registered_and_validated
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel, ModelCache
-from tidegate.agents.version_manager import VersionManager
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache
+from tidegate.agents.inference.version_manager import VersionManager
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import (
     ModelExecutionError,
     ModelNotFoundError,

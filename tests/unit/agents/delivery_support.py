@@ -7,9 +7,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from tidegate.agents.delivery import Ack
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.result_builders import Timings, error_result, ok_result
+from tidegate.agents.inference.result_builders import Timings, error_result, ok_result
+from tidegate.agents.kafka_io.delivery import Ack
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
 from tidegate.core.settings import TopicSettings
 

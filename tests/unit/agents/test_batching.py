@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from tests.unit.agents.batching_support import Outbox
 from tests.unit.agents.dataplane_support import until
-from tidegate.agents.batching import (
+from tidegate.agents.inference.batching import (
     BatchQueue,
     BatchResultCountError,
     KeyedBatcher,

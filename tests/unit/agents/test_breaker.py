@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidegate.agents.breaker import Breaker, BreakerPolicy, BreakerState
+from tidegate.agents.breakers.breaker import Breaker, BreakerPolicy, BreakerState
 
 
 class Clock:

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from tidegate.agents.breaker import BreakerPolicy
-from tidegate.agents.breaker_board import BreakerBoard, breaker_key
-from tidegate.agents.breaker_settings import BreakerSettings, ModelBreakerPolicy
+from tidegate.agents.breakers.breaker import BreakerPolicy
+from tidegate.agents.breakers.breaker_board import BreakerBoard, breaker_key
+from tidegate.agents.breakers.breaker_settings import BreakerSettings, ModelBreakerPolicy
 
 
 class Clock:

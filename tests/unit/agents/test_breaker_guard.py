@@ -19,11 +19,11 @@ from tests.unit.agents.dataplane_support import (
     run,
     task,
 )
-from tidegate.agents.breaker_board import BreakerBoard
-from tidegate.agents.breaker_settings import BreakerSettings, ModelBreakerPolicy
-from tidegate.agents.dataplane import NOT_BEFORE, InferenceService
-from tidegate.agents.loaded import LoadedModel, ModelCache
-from tidegate.agents.version_manager import VersionManager
+from tidegate.agents.breakers.breaker_board import BreakerBoard
+from tidegate.agents.breakers.breaker_settings import BreakerSettings, ModelBreakerPolicy
+from tidegate.agents.inference.inference_service import NOT_BEFORE, InferenceService
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache
+from tidegate.agents.inference.version_manager import VersionManager
 from tidegate.core.errors import ModelExecutionError, ModelNotFoundError
 from tidegate.lifecycle.domain import events as ev
 from tidegate.models.runtime.contract import Arrays

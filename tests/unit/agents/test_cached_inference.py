@@ -9,9 +9,9 @@ from typing import Any
 
 from tests.unit.agents.dataplane_support import Tables, fraud_table, make_service, manager, task
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
-from tidegate.agents.cached_inference import CachedInference
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.stages.cached_inference import CachedInference
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.lifecycle.domain import events as ev
 

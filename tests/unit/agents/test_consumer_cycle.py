@@ -7,8 +7,8 @@ from prometheus_client import REGISTRY
 
 from tests.support import unique
 from tests.unit.agents.worker_support import FakeConsumer
-from tidegate.agents import consumer_cycle
-from tidegate.agents.consumer_cycle import ConsumerCycle
+from tidegate.agents.kafka_io import consumer_cycle
+from tidegate.agents.kafka_io.consumer_cycle import ConsumerCycle
 
 
 def lag(topic: str, partition: int) -> float | None:

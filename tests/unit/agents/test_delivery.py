@@ -12,12 +12,12 @@ from confluent_kafka import KafkaError, KafkaException
 
 from tests.unit.agents.dataplane_support import until
 from tests.unit.agents.delivery_support import TOPICS, Message, Publisher, decode, handler
-from tidegate.agents.batching import KeyedBatcher
-from tidegate.agents.decoding import RequestDecoder
-from tidegate.agents.failures import default_router
-from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.partition import PartitionPipeline, Slot, hand_over
-from tidegate.agents.sinks import AckedSink
+from tidegate.agents.inference.batching import KeyedBatcher
+from tidegate.agents.kafka_io.failures import default_router
+from tidegate.agents.kafka_io.offsets import OffsetTracker
+from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot, hand_over
+from tidegate.agents.kafka_io.sinks import AckedSink
+from tidegate.agents.tasks.decoding import RequestDecoder
 from tidegate.core.errors import ModelExecutionError, WireFormatError
 from tidegate.core.sticky import StickyPartitions
 from tidegate.dlq.envelopes import dead_letter, error_info
@@ -256,10 +256,10 @@ def test_a_full_producer_queue_drops_a_shadow_comparison_at_once() -> None:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     from tidegate.agents import worker_metrics as metrics
-    from tidegate.agents.delivery import Publisher
+    from tidegate.agents.kafka_io.delivery import ResultPublisher
 
     producer = _FullProducer()
-    publisher = Publisher(
+    publisher = ResultPublisher(
         producer,  # type: ignore[arg-type]
         SchemaRegistryClient({"url": "http://127.0.0.1:9"}),
         TOPICS,
@@ -304,7 +304,7 @@ def test_results_without_a_routing_key_share_a_sticky_partition() -> None:
     """librdkafka sends one ProduceRequest per partition: a batch's keyless results go to one
     partition; a keyed result is left to the key's hash (no partition named), so per-key order
     holds. The reply goes to the partition the request named either way."""
-    from tidegate.agents.delivery import Publisher as RealPublisher
+    from tidegate.agents.kafka_io.delivery import ResultPublisher as RealPublisher
 
     producer = RecordingProducer(32)
     publisher = RealPublisher(producer, None, TOPICS)  # type: ignore[arg-type]
@@ -326,7 +326,7 @@ def test_results_without_a_routing_key_share_a_sticky_partition() -> None:
 
 
 def started_publisher(producer: RecordingProducer) -> Any:
-    from tidegate.agents.delivery import Publisher as RealPublisher
+    from tidegate.agents.kafka_io.delivery import ResultPublisher as RealPublisher
 
     publisher = RealPublisher(producer, None, TOPICS)  # type: ignore[arg-type]
     for encoder in (publisher._results, publisher._letters, publisher._shadow):

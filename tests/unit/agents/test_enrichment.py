@@ -12,10 +12,10 @@ import numpy as np
 
 from tests.unit.agents.dataplane_support import Tables, fraud_table, make_service, manager, task
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.enrichment import Enrichment
-from tidegate.agents.feature_settings import FeatureSettings
-from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.stages.enrichment import Enrichment
+from tidegate.agents.stages.feature_settings import FeatureSettings
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.lifecycle.domain import events as ev
 from tidegate.schemas.tensors import to_numpy
 

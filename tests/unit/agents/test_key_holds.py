@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidegate.agents.failures import KeyHolds
+from tidegate.agents.kafka_io.failures import KeyHolds
 
 
 def test_followers_wait_behind_the_oldest_until_it_finishes() -> None:

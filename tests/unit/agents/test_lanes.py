@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tests.unit.virtual_time import in_virtual_time
-from tidegate.agents.lanes import BusyShare, LaneGate
+from tidegate.agents.kafka_io.lanes import BusyShare, LaneGate
 
 
 class Clock:

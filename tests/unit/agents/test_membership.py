@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from pydantic import ValidationError
 
-from tidegate.agents import membership
-from tidegate.agents.membership import check_membership, consumer_options, prepare_group
+from tidegate.agents.kafka_io import membership
+from tidegate.agents.kafka_io.membership import check_membership, consumer_options, prepare_group
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.errors import ConfigurationError
 from tidegate.core.kafka import consumer_config

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tidegate.agents.loaded import LoadedModel
-from tidegate.agents.offline import OfflineScorer
+from tidegate.agents.inference.loaded import LoadedModel
+from tidegate.agents.inference.offline import OfflineScorer
 from tidegate.dlq.envelopes import source_position
 from tidegate.dlq.replay_reader import SourceRecord
 from tidegate.models.manifest import ModelPackage

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidegate.agents.offsets import OffsetTracker
+from tidegate.agents.kafka_io.offsets import OffsetTracker
 
 
 @dataclass

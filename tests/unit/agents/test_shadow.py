@@ -25,13 +25,13 @@ from tests.unit.agents.dataplane_support import (
     task,
     until,
 )
-from tidegate.agents.batching import BatchQueue
-from tidegate.agents.compare import compare, guess_task, task_of
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel, ModelCache
-from tidegate.agents.shadow import ShadowRunner
-from tidegate.agents.version_manager import VersionManager
+from tidegate.agents.inference.batching import BatchQueue
+from tidegate.agents.inference.compare import compare, guess_task, task_of
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache
+from tidegate.agents.inference.shadow import ShadowRunner
+from tidegate.agents.inference.version_manager import VersionManager
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelExecutionError
 from tidegate.lifecycle.domain import events as ev
 from tidegate.models.manifest import Manifest, ModelPackage

@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from tests.unit.agents.delivery_support import TOPICS, request
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.sinks import SinkEntry, TransactionalSink
+from tidegate.agents.kafka_io.offsets import OffsetTracker
+from tidegate.agents.kafka_io.sinks import SinkEntry, TransactionalSink
+from tidegate.agents.tasks.inference_task import InferenceTask
 
 
 class TxnProducer:
@@ -200,7 +200,7 @@ async def test_a_reply_refused_for_good_is_counted_and_a_transient_failure_stays
     from confluent_kafka import KafkaError
 
     from tidegate.agents import worker_metrics
-    from tidegate.agents.sinks import _Produced
+    from tidegate.agents.kafka_io.sinks import _Produced
 
     loop = asyncio.get_running_loop()
     tracker = OffsetTracker()

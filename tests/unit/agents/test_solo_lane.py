@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tidegate.agents.crash_guard import PartitionGuard
-from tidegate.agents.solo_lane import ComputeGate, SoloLane
+from tidegate.agents.kafka_io.crash_guard import PartitionGuard
+from tidegate.agents.kafka_io.solo_lane import ComputeGate, SoloLane
 
 
 class Msg:

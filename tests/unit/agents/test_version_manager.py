@@ -18,9 +18,9 @@ from tests.unit.agents.dataplane_support import (
     until,
 )
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.loaded import LoadedModel, ModelCache
-from tidegate.agents.version_manager import Report, VersionManager
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache
+from tidegate.agents.inference.version_manager import Report, VersionManager
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.models.manifest import ModelPackage

@@ -30,7 +30,7 @@ from tests.unit.agents.worker_support import (
     rid,
 )
 from tidegate.agents import worker as worker_module
-from tidegate.agents.partition import PartitionPipeline
+from tidegate.agents.kafka_io.partition import PartitionPipeline
 from tidegate.core.errors import RegistryUnavailableError
 from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings

@@ -17,7 +17,7 @@ from tests.support import unique
 from tests.unit.agents.dataplane_support import make_service, task
 from tests.unit.agents.dataplane_support import until as dataplane_until
 from tests.unit.agents.worker_support import FakeConsumer, Harness, Record, rebalanced
-from tidegate.agents.worker_tracing import batch_span
+from tidegate.agents.tasks.worker_tracing import batch_span
 from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import (
     Tracing,

@@ -17,9 +17,9 @@ from confluent_kafka import KafkaError, TopicPartition
 from tests.support import unique
 from tests.unit.agents import delivery_support as delivery
 from tidegate.agents import worker as worker_module
-from tidegate.agents import worker_producers
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.delivery import Ack
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.kafka_io import worker_producers
+from tidegate.agents.kafka_io.delivery import Ack
 from tidegate.agents.worker import InferenceWorker
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
@@ -283,7 +283,7 @@ class Harness:
         self._monkeypatch = monkeypatch
         monkeypatch.setattr(worker_module, "worker_producer", lambda *_: None)
         monkeypatch.setattr(worker_producers, "make_producer", lambda *_: None)
-        monkeypatch.setattr(worker_module, "Publisher", lambda *_: self.publisher)
+        monkeypatch.setattr(worker_module, "ResultPublisher", lambda *_: self.publisher)
 
     async def start(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from tidegate.agents.feature_settings import FeatureSettings
+from tidegate.agents.stages.feature_settings import FeatureSettings
 from tidegate.cli.features_commands import parse_assignments, row_values
 
 SETTINGS = FeatureSettings(

@@ -26,13 +26,13 @@ import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from tidegate.agents.feature_settings import UPDATED_AT, FeatureSettings, InputFeatures
-from tidegate.agents.feature_store import entity_redis_key
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import Versions
-from tidegate.agents.pre_route import Service, pre_route
-from tidegate.agents.result_builders import Timings, error_result
-from tidegate.agents.version_manager import TableSource
+from tidegate.agents.inference.loaded import Versions
+from tidegate.agents.inference.result_builders import Timings, error_result
+from tidegate.agents.inference.version_manager import TableSource
+from tidegate.agents.stages.feature_settings import UPDATED_AT, FeatureSettings, InputFeatures
+from tidegate.agents.stages.feature_store import entity_redis_key
+from tidegate.agents.stages.pre_route import Service, pre_route
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ConfigurationError, InvalidInputError, ModelUnavailableError
 from tidegate.lifecycle.domain.routing import Decision
 from tidegate.schemas.prediction_keys import FALLBACK_PREFIX

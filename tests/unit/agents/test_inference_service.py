@@ -25,7 +25,7 @@ from tests.unit.agents.dataplane_support import (
     run,
     task,
 )
-from tidegate.agents.loaded import LoadedModel, ModelCache
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache
 from tidegate.core.errors import (
     InvalidInputError,
     ModelUnavailableError,

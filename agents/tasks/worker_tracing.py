@@ -28,8 +28,8 @@ from opentelemetry.trace import (
     get_current_span,
 )
 
-from tidegate.agents.decoding import KafkaMessage
-from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.tasks.decoding import KafkaMessage
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.tracing import KafkaHeaders, context_from_headers, span_headers
 
 __all__ = ["batch_span", "compute_span", "consumed", "finished", "result_headers"]

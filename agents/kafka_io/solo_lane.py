@@ -1,6 +1,6 @@
 """The solo lane: after a worker died, its unfinished messages are processed one at a time.
 
-The crash guard (`agents.crash_guard`) names the suspects of each partition it finds a dead
+The crash guard (`agents.kafka_io.crash_guard`) names the suspects of each partition it finds a dead
 owner's marks on. They leave the batch queues: this lane takes them in offset order, marks each
 in Redis, decodes and computes it alone, and delivers its result as a batch of one. A message
 that kills this process too is then known exactly, and counted; one counted `crash_limit` times
@@ -18,8 +18,8 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from tidegate.agents.crash_guard import CrashGuard
-from tidegate.agents.partition import PartitionPipeline, Slot
+from tidegate.agents.kafka_io.crash_guard import CrashGuard
+from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot
 from tidegate.core.aio import cancel_and_wait
 from tidegate.core.errors import CrashLoopError, RetriableError
 from tidegate.core.telemetry import get_logger

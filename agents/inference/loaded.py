@@ -4,7 +4,7 @@ The cache is the mechanism: a version is loaded once however many callers ask at
 failed load is remembered for a while (so a broken artifact does not stall every request that names
 it, and it is never counted as loaded), and the order of use is kept for LRU eviction. Which
 versions to load and when to drop them is policy, in
-`tidegate.agents.version_manager.VersionManager`.
+`tidegate.agents.inference.version_manager.VersionManager`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tidegate.agents.compare import Kind, task_of
+from tidegate.agents.inference.compare import Kind, task_of
 from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError, TidegateError
 from tidegate.core.telemetry import get_logger
 from tidegate.models.model_settings import ModelSettings

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.version_manager import TableSource
+from tidegate.agents.inference.version_manager import TableSource
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.lifecycle.domain.routing import Decision
 
 __all__ = ["Ready", "Service", "pre_route"]

@@ -26,10 +26,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.pre_route import Ready, Service, pre_route
-from tidegate.agents.result_builders import Timings, ok_result
-from tidegate.agents.version_manager import TableSource
+from tidegate.agents.inference.result_builders import Timings, ok_result
+from tidegate.agents.inference.version_manager import TableSource
+from tidegate.agents.stages.pre_route import Ready, Service, pre_route
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.lifecycle.domain.routing import Decision

@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.compare import Kind, compare, compared_outputs
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.compare import Kind, compare, compared_outputs
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.core.aio import cancel_and_wait
 from tidegate.core.errors import InvalidInputError, ModelExecutionError, RetriableError
 from tidegate.core.telemetry import get_logger

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from tidegate.agents.loaded import LoadedModel
+from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.core.errors import InvalidInputError
 from tidegate.schemas.signature import validate_inputs
 

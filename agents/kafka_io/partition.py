@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.decoding import KafkaMessage, RequestDecoder
-from tidegate.agents.failures import FailureRouter, KeyHolds
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.result_builders import error_result
-from tidegate.agents.sinks import ResultSink, SinkEntry
+from tidegate.agents.inference.result_builders import error_result
+from tidegate.agents.kafka_io.failures import FailureRouter, KeyHolds
+from tidegate.agents.kafka_io.offsets import OffsetTracker
+from tidegate.agents.kafka_io.sinks import ResultSink, SinkEntry
+from tidegate.agents.tasks.decoding import KafkaMessage, RequestDecoder
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.telemetry import get_logger
 from tidegate.dlq.envelopes import error_info
 

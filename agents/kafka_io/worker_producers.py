@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from tidegate.agents.delivery import Publisher
+from tidegate.agents.kafka_io.delivery import ResultPublisher
 from tidegate.core.kafka import make_producer
 from tidegate.core.settings import KafkaSettings
 
@@ -32,7 +32,7 @@ def worker_producer(
     return make_producer(kafka, extra)
 
 
-def start_publisher(publisher: Publisher, kafka: KafkaSettings, transactional: bool) -> None:
+def start_publisher(publisher: ResultPublisher, kafka: KafkaSettings, transactional: bool) -> None:
     """Start `publisher` (blocking: run it off the loop)."""
     publisher.start()
     if transactional:

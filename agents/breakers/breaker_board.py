@@ -17,8 +17,8 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.breaker import Breaker, BreakerState, Transition
-from tidegate.agents.breaker_settings import BreakerSettings
+from tidegate.agents.breakers.breaker import Breaker, BreakerState, Transition
+from tidegate.agents.breakers.breaker_settings import BreakerSettings
 from tidegate.core.errors import TidegateError
 from tidegate.core.kafka import make_producer
 from tidegate.core.settings import KafkaSettings, TopicSettings

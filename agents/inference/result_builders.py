@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import (
     DeadlineExceededError,
     InvalidInputError,

@@ -25,11 +25,11 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents import worker_tracing as tracing
-from tidegate.agents.delivery import Publisher
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.result_builders import error_result
+from tidegate.agents.inference.result_builders import error_result
+from tidegate.agents.kafka_io.delivery import ResultPublisher
+from tidegate.agents.kafka_io.offsets import OffsetTracker
+from tidegate.agents.tasks import worker_tracing as tracing
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelExecutionError, SerializationError
 from tidegate.core.telemetry import get_logger
 
@@ -117,7 +117,7 @@ class _Produced:
 
 
 def _produce(
-    publisher: Publisher,
+    publisher: ResultPublisher,
     entry: SinkEntry,
     worker_id: str,
     ack: Any,
@@ -159,7 +159,7 @@ class AckedSink:
 
     def __init__(
         self,
-        publisher: Publisher,
+        publisher: ResultPublisher,
         *,
         worker_id: str,
         on_fatal: Callable[[BaseException], None],
@@ -203,7 +203,7 @@ class TransactionalSink:
 
     def __init__(
         self,
-        publisher: Publisher,
+        publisher: ResultPublisher,
         *,
         worker_id: str,
         on_fatal: Callable[[BaseException], None],

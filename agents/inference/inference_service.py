@@ -35,15 +35,15 @@ import numpy.typing as npt
 from opentelemetry.trace import Tracer
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.breaker_board import BreakerBoard
-from tidegate.agents.breaker_guard import fallback_for, refused_error
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel, Versions
-from tidegate.agents.result_builders import Timings, error_result, ok_result
-from tidegate.agents.shadow import ShadowJob, ShadowRequest, ShadowRunner
-from tidegate.agents.signature_checks import SignatureChecks
-from tidegate.agents.version_manager import TableSource
-from tidegate.agents.worker_tracing import compute_span
+from tidegate.agents.breakers.breaker_board import BreakerBoard
+from tidegate.agents.inference.breaker_guard import fallback_for, refused_error
+from tidegate.agents.inference.loaded import LoadedModel, Versions
+from tidegate.agents.inference.result_builders import Timings, error_result, ok_result
+from tidegate.agents.inference.shadow import ShadowJob, ShadowRequest, ShadowRunner
+from tidegate.agents.inference.signature_checks import SignatureChecks
+from tidegate.agents.inference.version_manager import TableSource
+from tidegate.agents.tasks.inference_task import InferenceTask
+from tidegate.agents.tasks.worker_tracing import compute_span
 from tidegate.core.errors import (
     DeadlineExceededError,
     InvalidInputError,

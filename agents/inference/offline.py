@@ -18,9 +18,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tidegate.agents.dataplane import InferenceService
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel, ModelCache, ModelLoader, store_loader
+from tidegate.agents.inference.inference_service import InferenceService
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache, ModelLoader, store_loader
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.dlq.replay_reader import SourceRecord
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.models.model_settings import ModelSettings

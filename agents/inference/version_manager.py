@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.loaded import LoadedModel, ModelCache, VersionKey, unload
+from tidegate.agents.inference.loaded import LoadedModel, ModelCache, VersionKey, unload
 from tidegate.core.aio import cancel_and_wait
 from tidegate.core.errors import TidegateError
 from tidegate.core.telemetry import get_logger

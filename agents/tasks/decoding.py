@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tidegate.agents.inference_task import InferenceTask
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import InvalidInputError, SerializationError, TidegateError
 from tidegate.dlq.envelopes import source_position
 from tidegate.dlq.redelivery import read_lineage
@@ -53,8 +53,9 @@ class Decoded:
 
 
 class RequestDecoder:
-    """`reply_refusal` says why a request's `reply_to` is not honoured (`Publisher.reply_refusal`):
-    such a request is poison with that reason, answered INVALID on the results topic only."""
+    """`reply_refusal` says why a request's `reply_to` is not honoured
+    (`ResultPublisher.reply_refusal`): such a request is poison with that reason, answered INVALID
+    on the results topic only."""
 
     def __init__(
         self,

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidegate.agents import worker_metrics as metrics
-from tidegate.agents.decoding import KafkaMessage
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.offsets import OffsetTracker
-from tidegate.agents.sinks import ResultSink, SinkEntry
+from tidegate.agents.kafka_io.offsets import OffsetTracker
+from tidegate.agents.kafka_io.sinks import ResultSink, SinkEntry
+from tidegate.agents.tasks.decoding import KafkaMessage
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.settings import TopicSettings
 from tidegate.dlq.envelopes import dead_letter, source_position
 from tidegate.dlq.failure_settings import FailureSettings

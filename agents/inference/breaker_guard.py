@@ -10,10 +10,10 @@ else is answered with `refused_error`, a retriable UNAVAILABLE.
 
 from __future__ import annotations
 
-from tidegate.agents.breaker_board import BreakerBoard
-from tidegate.agents.inference_task import InferenceTask
-from tidegate.agents.loaded import LoadedModel, Versions
-from tidegate.agents.version_manager import TableSource
+from tidegate.agents.breakers.breaker_board import BreakerBoard
+from tidegate.agents.inference.loaded import LoadedModel, Versions
+from tidegate.agents.inference.version_manager import TableSource
+from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelUnavailableError, TidegateError
 from tidegate.lifecycle.domain.routing import EXPLICIT
 from tidegate.schemas.requests import fallback_allowed

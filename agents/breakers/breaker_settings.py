@@ -7,7 +7,7 @@ import dataclasses
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings
 
-from tidegate.agents.breaker import BreakerPolicy
+from tidegate.agents.breakers.breaker import BreakerPolicy
 from tidegate.core.settings import settings_config
 
 __all__ = ["BreakerSettings", "ModelBreakerPolicy"]

@@ -33,7 +33,7 @@ from tidegate.schemas.catalog import (
 from tidegate.schemas.codec import AvroEncoder
 from tidegate.schemas.requests import SUBMISSION_HEADER
 
-__all__ = ["Ack", "Publisher"]
+__all__ = ["Ack", "ResultPublisher"]
 
 log = get_logger(__name__)
 
@@ -51,7 +51,7 @@ _RECORD_UNIONS = (
 )
 
 
-class Publisher:
+class ResultPublisher:
     def __init__(
         self, producer: Producer, registry: SchemaRegistryClient, topics: TopicSettings
     ) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
-from tidegate.agents.feature_settings import UPDATED_AT, FeatureSettings
+from tidegate.agents.stages.feature_settings import UPDATED_AT, FeatureSettings
 from tidegate.core.errors import InvalidInputError
 
 __all__ = ["entity_redis_key", "read_features", "write_features"]

@@ -8,12 +8,12 @@ from contextlib import AsyncExitStack
 
 from redis.asyncio import Redis
 
-from tidegate.agents.cached_inference import CachedInference
-from tidegate.agents.enrichment import Enrichment
-from tidegate.agents.feature_settings import FeatureSettings
-from tidegate.agents.loaded import Versions
-from tidegate.agents.pre_route import Service
-from tidegate.agents.version_manager import TableSource
+from tidegate.agents.inference.loaded import Versions
+from tidegate.agents.inference.version_manager import TableSource
+from tidegate.agents.stages.cached_inference import CachedInference
+from tidegate.agents.stages.enrichment import Enrichment
+from tidegate.agents.stages.feature_settings import FeatureSettings
+from tidegate.agents.stages.pre_route import Service
 from tidegate.core.cache_settings import PredictionCacheSettings, cache_redis
 from tidegate.core.settings import RedisSettings
 
