@@ -1,0 +1,206 @@
+"""The bulkhead part's instruments: the noisy pool's load, from a process of its own, and the
+CPU readers of every process an arm runs.
+
+The noisy load (`python -m tests.bench.pools_load MODEL RATE [--crash]`) is open loop: request i
+is due at `go + i / RATE`, whatever the broker or the worker did. It runs in its own process so
+that its encoding never holds the GIL of the steady load's generator, whose timing is what the
+part measures. It publishes Avro requests to the model's pool's requests topic, as
+`TidegateProducer(placement=...)` does, and reads no results. Protocol on stdin/stdout: it
+connects and warms every partition up, prints `ready`, starts on a `go` line, stops on a `stop`
+line and prints a JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from tests.bench.versus import cpu_seconds, process_tree
+
+__all__ = [
+    "CpuReaders",
+    "NoisyLoad",
+    "allowed_cpus",
+    "host_busy",
+    "on_core",
+    "own_cpu",
+    "with_reaped",
+]
+
+CpuReaders = dict[str, Callable[[], float]]
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    """This process's CPU seconds, every thread (the steady load's generator and reader)."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def with_reaped(pid: int) -> float:
+    """CPU seconds of `pid`'s tree, plus what its children that exited used (a supervisor's
+    crashed workers, counted in its cutime and cstime once it reaps them)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    reaped = (int(fields[13]) + int(fields[14])) / _TICK
+    return cpu_seconds(process_tree(pid)) + reaped
+
+
+def host_busy() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole host since boot, from /proc/stat (busy: neither
+    idle nor waiting for I/O; steal counts as busy: those cores were not ours)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    everything = sum(values[:8])
+    return (everything - values[3] - values[4]) / _TICK, everything / _TICK
+
+
+@contextmanager
+def on_core(core: int | None) -> Iterator[None]:
+    """Processes started inside run on `core` only, as under `taskset -c CORE`: they inherit the
+    affinity of the thread that starts them (Linux keeps it per thread, so this thread's alone
+    is changed, and restored after). None: no pinning."""
+    if core is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def allowed_cpus(pids: list[int]) -> str:
+    """The CPUs any thread of the processes may run on, e.g. "1" or "0,1" ("-": none alive)."""
+    found: set[int] = set()
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            with suppress(OSError):  # a thread or process that just exited
+                found |= os.sched_getaffinity(int(task.name))
+    return ",".join(str(c) for c in sorted(found)) or "-"
+
+
+class NoisyLoad:
+    """The parent's handle on one noisy load process (on `core` only, if given)."""
+
+    def __init__(
+        self, model: str, rate: float, *, crash: bool, log: Path, core: int | None = None
+    ) -> None:
+        argv = [sys.executable, "-m", "tests.bench.pools_load", model, f"{rate:g}"]
+        with log.open("ab") as err, on_core(core):
+            self.process = subprocess.Popen(
+                [*argv, *(["--crash"] if crash else [])],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        self._expect("ready", 60)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _expect(self, word: str, timeout_s: float) -> str:
+        out = self.process.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout_s)
+        line = out.readline().strip() if ready else ""
+        if not line.startswith(word):
+            self.process.kill()
+            raise RuntimeError(f"the noisy load said {line!r}, not {word!r} (log: stderr)")
+        return line
+
+    def _say(self, word: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(word + "\n")
+        self.process.stdin.flush()
+
+    def go(self) -> None:
+        self._say("go")
+
+    def stop(self) -> dict[str, Any]:
+        """Stop it; its summary: sent, seconds, late_p99_ms (how late it began its sends)."""
+        self._say("stop")
+        summary: dict[str, Any] = json.loads(self._expect("{", 60))
+        self.process.wait(30)
+        return summary
+
+
+def _main(argv: list[str]) -> int:
+    from tests.bench.pools_crash import CRASH
+    from tests.bench.pools_setup import PARTITIONS, record
+    from tidegate.clients.loadgen import AvroWire, percentile
+    from tidegate.core.kafka import make_producer
+    from tidegate.core.pools import pool_topics
+    from tidegate.core.settings import KafkaSettings, TopicSettings
+
+    model, rate, crash = argv[0], float(argv[1]), "--crash" in argv[2:]
+    wire = AvroWire(pool_topics(TopicSettings(), model))
+    producer = make_producer(KafkaSettings())
+    tag = f"noisy-{os.getpid()}-{int(time.time())}"
+
+    def send(rec: dict[str, Any], key: str) -> None:
+        while True:
+            try:
+                producer.produce(wire.source, key=key, value=wire.encode(rec))
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.05)
+        producer.poll(0)
+
+    # Every partition's first message waits for the producer's id and sequence state: not in
+    # the measured window. Unmarked, so that a crashing worker answers them.
+    for i in range(16 * PARTITIONS):
+        warm = record(model, i, f"{tag}-warm")
+        send(warm, warm["request_id"])
+    producer.flush(30)
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    stop = threading.Event()
+
+    def until_stop() -> None:
+        sys.stdin.readline()
+        stop.set()
+
+    threading.Thread(target=until_stop, daemon=True).start()
+    first = CRASH if crash else 1.0
+    late: list[float] = []
+    cpu0, start = own_cpu(), time.monotonic()
+    i = 0
+    while not stop.is_set():
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0 and stop.wait(delay):
+            break
+        late.append(max(0.0, time.monotonic() - due))
+        rec = record(model, i, tag, first)
+        send(rec, rec["routing_key"])
+        i += 1
+    elapsed = time.monotonic() - start
+    producer.flush(30)
+    summary = {
+        "sent": i,
+        "seconds": round(elapsed, 2),
+        "late_p99_ms": round(percentile(late, 0.99) * 1000, 1),
+        "cpu_s": round(own_cpu() - cpu0, 2),
+    }
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
