@@ -20,6 +20,7 @@ from typing import Any
 
 import fastavro.schema
 
+from tidegate.core.pools import pool_topic_names, pool_topics
 from tidegate.core.settings import TopicSettings
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "event_schemas",
     "event_subjects",
     "load_schema",
+    "pool_subjects",
     "topic_subjects",
 ]
 
@@ -88,6 +90,13 @@ def topic_subjects(topics: TopicSettings) -> dict[str, str]:
         f"{topics.audit}-value": AUDIT_EVENT,
         f"{topics.breakers}-value": BREAKER_STATE,
     }
+
+
+def pool_subjects(topics: TopicSettings, pool: str) -> dict[str, str]:
+    """`topic_subjects` of the topics a pool has of its own (its requests and retry topics)."""
+    layout = pool_topics(topics, pool)
+    own = set(pool_topic_names(topics, pool))
+    return {s: f for s, f in topic_subjects(layout).items() if s.removesuffix("-value") in own}
 
 
 def event_schemas(directory: Path = SCHEMA_DIR) -> list[str]:

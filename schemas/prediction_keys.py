@@ -23,6 +23,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tidegate.schemas.records import TensorRecord
+
 __all__ = [
     "FALLBACK_PREFIX",
     "UNCACHED_PARAMETERS",
@@ -104,7 +106,7 @@ def cacheable_result(result: Mapping[str, Any]) -> bool:
     )
 
 
-def encode_outputs(outputs: Sequence[Mapping[str, Any]]) -> bytes:
+def encode_outputs(outputs: Sequence[TensorRecord]) -> bytes:
     """A cache value: the output `Tensor` records (their parameters are not kept)."""
     header = [
         [str(t["name"]), str(t["datatype"]), [int(d) for d in t["shape"]], len(t["data"])]
@@ -114,7 +116,7 @@ def encode_outputs(outputs: Sequence[Mapping[str, Any]]) -> bytes:
     return b"".join([_MAGIC, _LEN.pack(len(head)), head, *(bytes(t["data"]) for t in outputs)])
 
 
-def decode_outputs(value: bytes) -> list[dict[str, Any]]:
+def decode_outputs(value: bytes) -> list[TensorRecord]:
     """The output `Tensor` records of a cache value; `ValueError` when it is not one (written by
     another release, or damaged), which its readers treat as a miss."""
     view = memoryview(value)
@@ -127,7 +129,7 @@ def decode_outputs(value: bytes) -> list[dict[str, Any]]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"damaged prediction cache header: {exc}") from None
     pos = start + size
-    tensors: list[dict[str, Any]] = []
+    tensors: list[TensorRecord] = []
     try:
         for name, datatype, shape, length in header:
             if pos + length > len(view):

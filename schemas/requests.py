@@ -8,7 +8,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
+
+from tidegate.schemas.records import ParameterValue, ReplyToRecord, RequestRecord, TensorRecord
 
 __all__ = [
     "FALLBACK_OF",
@@ -35,13 +37,14 @@ Inputs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 """Named arrays, or `Tensor` records as they are."""
 
 
-def _tensors(inputs: Inputs) -> list[dict[str, Any]]:
+def _tensors(inputs: Inputs) -> list[TensorRecord]:
     if isinstance(inputs, Mapping):
         return _named_arrays(inputs)
-    return [dict(tensor) for tensor in inputs]
+    # Tensor records are taken as they are: the encoder checks them against the schema.
+    return [cast(TensorRecord, dict(tensor)) for tensor in inputs]
 
 
-def _named_arrays(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _named_arrays(inputs: Mapping[str, Any]) -> list[TensorRecord]:
     # numpy is imported only for named arrays: the producer client's base install has none, and
     # takes `Tensor` records as they are (`pip install 'tidegate[arrays]'` for named arrays).
     try:
@@ -71,10 +74,10 @@ def build_request(
     deadline: datetime | timedelta | None = None,
     request_id: str | None = None,
     outputs: Sequence[str] = (),
-    parameters: Mapping[str, Any] | None = None,
-    reply_to: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, ParameterValue] | None = None,
+    reply_to: ReplyToRecord | None = None,
     entity_key: str | None = None,
-) -> dict[str, Any]:
+) -> RequestRecord:
     """An `InferenceRequest` record; `inputs` are named arrays or `Tensor` records. With
     `entity_key`, the worker fills the model's declared features the inputs lack from the online
     feature store."""
@@ -90,7 +93,7 @@ def build_request(
         "parameters": dict(parameters or {}),
         "deadline": _deadline(deadline, now),
         "created_at": now,
-        "reply_to": dict(reply_to) if reply_to else None,
+        "reply_to": reply_to or None,
         "entity_key": entity_key,
     }
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from tidegate.core.errors import InvalidInputError
+from tidegate.schemas.records import Datatype, TensorRecord
 
 __all__ = [
     "DATATYPES",
@@ -41,11 +42,11 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "FP64": np.dtype("<f8"),
     "BYTES": np.dtype(object),
 }
-_BY_KIND = {dt.str: name for name, dt in DATATYPES.items() if name != "BYTES"}
+_BY_KIND = {dt.str: cast(Datatype, name) for name, dt in DATATYPES.items() if name != "BYTES"}
 _LEN = struct.Struct("<I")
 
 
-def datatype_of(array: npt.NDArray[Any]) -> str:
+def datatype_of(array: npt.NDArray[Any]) -> Datatype:
     if array.dtype == object or array.dtype.kind in ("S", "U"):
         return "BYTES"
     name = _BY_KIND.get(array.dtype.newbyteorder("<").str)
@@ -85,7 +86,7 @@ def decode_bytes_elements(data: bytes, count: int, name: str) -> npt.NDArray[Any
     return out
 
 
-def to_numpy(tensor: dict[str, Any]) -> npt.NDArray[Any]:
+def to_numpy(tensor: TensorRecord) -> npt.NDArray[Any]:
     """Decode an Avro `Tensor` record; data that does not fit the shape is `InvalidInputError`."""
     name, datatype, shape = tensor["name"], tensor["datatype"], list(tensor["shape"])
     if any(d < 0 for d in shape):
@@ -106,7 +107,7 @@ def to_numpy(tensor: dict[str, Any]) -> npt.NDArray[Any]:
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def from_numpy(name: str, array: npt.NDArray[Any]) -> dict[str, Any]:
+def from_numpy(name: str, array: npt.NDArray[Any]) -> TensorRecord:
     """Encode an array as an Avro `Tensor` record."""
     datatype = datatype_of(array)
     if datatype == "BYTES":

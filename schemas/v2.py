@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tidegate.core.errors import InvalidInputError, MalformedRequestError
+from tidegate.schemas.records import Datatype, TensorRecord
 from tidegate.schemas.signature import Signature, validate_inputs
 from tidegate.schemas.tensors import DATATYPES, encode_bytes_elements, to_numpy
 from tidegate.schemas.v2_binary import BinarySection
@@ -160,7 +161,7 @@ def _json_bytes(tensor: V2Input, count: int) -> bytes:
     return encode_bytes_elements(items)
 
 
-def _record(tensor: V2Input, binary: BinarySection, index: int) -> dict[str, Any]:
+def _record(tensor: V2Input, binary: BinarySection, index: int) -> TensorRecord:
     where = f"inputs.{index}"
     if any(dim < 0 for dim in tensor.shape):
         raise InvalidInputError(
@@ -180,9 +181,10 @@ def _record(tensor: V2Input, binary: BinarySection, index: int) -> dict[str, Any
         data = _json_bytes(tensor, count)
     else:
         data = _json_numbers(tensor, count)
-    record = {
+    record: TensorRecord = {
         "name": tensor.name,
-        "datatype": tensor.datatype,
+        # An unknown datatype is refused below, by the decoding.
+        "datatype": cast(Datatype, tensor.datatype),
         "shape": list(tensor.shape),
         "data": data,
         "parameters": scalar_parameters(tensor.parameters, f"{where}.parameters"),
@@ -192,14 +194,14 @@ def _record(tensor: V2Input, binary: BinarySection, index: int) -> dict[str, Any
     return record
 
 
-def tensor_records(inputs: list[V2Input]) -> list[dict[str, Any]]:
+def tensor_records(inputs: list[V2Input]) -> list[TensorRecord]:
     """JSON tensors as `Tensor` records, checked against their own shapes only (no signature)."""
     return [_record(tensor, BinarySection(b""), i) for i, tensor in enumerate(inputs)]
 
 
 def input_records(
     request: V2Request, binary: BinarySection, signature: Signature
-) -> list[dict[str, Any]]:
+) -> list[TensorRecord]:
     """The inputs as `Tensor` records, checked against the signature; nothing invalid passes."""
     validate_inputs(
         signature,

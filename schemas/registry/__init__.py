@@ -3,7 +3,7 @@
 `SchemaRegistry` holds the operations; it reads and writes state through a `SchemaLog`:
 `KafkaLog` in production (the `_schemas` topic, in Confluent's record format) or `MemoryLog` in
 tests. `check_compatibility` is the pure compatibility check behind registration. The HTTP adapter
-is `tidegate.gateway.registry_api`.
+is `tidegate.gateway.admin.registry_api`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from tidegate.core.errors import ConfigurationError, RegistryUnavailableError
 from tidegate.core.kafka import make_admin, make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, RegistryServerSettings
 from tidegate.schemas.registry.log import SchemaLog
-from tidegate.schemas.registry.records import Record, encode_record
+from tidegate.schemas.registry.topic_records import Record, encode_record
 
 __all__ = ["KafkaLog"]
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tidegate.core.errors import RegistryUnavailableError
-from tidegate.schemas.registry.records import Record, decode_record, encode_record
 from tidegate.schemas.registry.registry_state import RegistryState
+from tidegate.schemas.registry.topic_records import Record, decode_record, encode_record
 
 __all__ = ["MemoryLog", "SchemaLog"]
 

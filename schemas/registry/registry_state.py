@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tidegate.schemas.registry.parsing import identity_of
-from tidegate.schemas.registry.records import (
+from tidegate.schemas.registry.topic_records import (
     ConfigRecord,
     DeleteSubjectRecord,
     Record,

@@ -20,19 +20,19 @@ from tidegate.core.errors import (
 from tidegate.schemas.registry.compat import check_compatibility, checked_level
 from tidegate.schemas.registry.log import SchemaLog
 from tidegate.schemas.registry.parsing import AVRO, parse_schema
-from tidegate.schemas.registry.records import (
-    ConfigRecord,
-    DeleteSubjectRecord,
-    Record,
-    SchemaRecord,
-    SchemaTombstone,
-)
 from tidegate.schemas.registry.registry_errors import (
     CompatibilityNotConfiguredError,
     SchemaVersionNotSoftDeletedError,
     SubjectNotSoftDeletedError,
 )
 from tidegate.schemas.registry.registry_state import RegistryState, SchemaVersion
+from tidegate.schemas.registry.topic_records import (
+    ConfigRecord,
+    DeleteSubjectRecord,
+    Record,
+    SchemaRecord,
+    SchemaTombstone,
+)
 from tidegate.schemas.registry.versions import parse_version, resolve_version
 
 __all__ = ["SchemaRegistry"]
