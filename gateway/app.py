@@ -1,13 +1,8 @@
-"""The gateway app: the V2 HTTP facade over Kafka, one replica per process.
-
-`create_app` takes the settings bundle and a factory of services (the real Kafka/Redis ones by
-default); the lifespan builds and starts them on the server's event loop and stops them on shutdown.
-With an `admin` factory (`tidegate.gateway.admin.lifecycle_admin`), the lifecycle commands are
-served under /admin too. Every error answers an RFC 9457 problem body (`tidegate.gateway.problems`).
-Every route authenticates and authorizes its caller (`tidegate.gateway.permissions`,
-docs/security.md). Admission control (`tidegate.gateway.admission`, docs/overload.md) is handed to
-the HTTP protocol in the lifespan state, so an overloaded model's calls are refused before any
-middleware runs: a refusal is cheap because it skips authentication, the routes and the body.
+"""The gateway app (`create_app`): the V2 HTTP facade over Kafka, one replica per process. The
+lifespan builds and starts its services on the server's event loop, and hands admission to the
+HTTP protocol, which refuses an overloaded model's calls before any middleware runs.
+Its parts: docs/architecture.md ("The gateway's sub-packages"); who may call: docs/security.md
+("Roles and permissions"); refusals: docs/overload.md ("Refused before anything else runs").
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -25,24 +21,33 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import tidegate
 from tidegate.core.aio import Periodic
 from tidegate.core.errors import TidegateError
-from tidegate.gateway.admission import ADMISSION_STATE, LOOP_CHECK_S
-from tidegate.gateway.audit_hooks import start_trail
-from tidegate.gateway.authn import Authenticator, install_authenticator
-from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
-from tidegate.gateway.infer_fast_path import GatewayApp
-from tidegate.gateway.openapi_docs import install_openapi
-from tidegate.gateway.permissions import close_public_routes
+from tidegate.core.pools import pool_group, pool_topics
+from tidegate.gateway.admission.admission_control import ADMISSION_STATE, LOOP_CHECK_S, Admission
+from tidegate.gateway.admission.lag_probe import LagProbe
+from tidegate.gateway.admission.rate_limits import RateLimiter
+from tidegate.gateway.auth.audit_hooks import start_trail
+from tidegate.gateway.auth.authn import Authenticator, install_authenticator
+from tidegate.gateway.auth.permissions import close_public_routes
+from tidegate.gateway.gateway_services import GatewayConfig, ServicesFactory, kafka_services
+from tidegate.gateway.openapi.openapi_docs import install_openapi
 from tidegate.gateway.problems import error_problem, problem, validation_problem
-from tidegate.gateway.rate_limits import RateLimiter
-from tidegate.gateway.replica import GatewayRuntime
-from tidegate.gateway.routes import router
+from tidegate.gateway.v2api.gateway_runtime import GatewayRuntime
+from tidegate.gateway.v2api.infer_fast_path import GatewayApp
+from tidegate.gateway.v2api.routes import router
 
 if TYPE_CHECKING:
-    from tidegate.gateway.admin import AdminFactory
+    from tidegate.gateway.admin.lifecycle_api import AdminFactory
 
 __all__ = ["create_app"]
 
 _log = logging.getLogger(__name__)
+
+
+def _watch_pool(probe: LagProbe, config: GatewayConfig, admission: Admission, pool: str) -> None:
+    """Measure `pool`'s backlog too: its workers' group on its real-time topic."""
+    topic = pool_topics(config.topics, pool).requests
+    group = pool_group(config.admission.worker_group, pool)
+    probe.watch(topic, group, partial(admission.observe_kafka, pool=pool))
 
 
 def create_app(
@@ -67,6 +72,9 @@ def create_app(
             stack.push_async_callback(runtime.stop)
             if runtime.services.lag_probe is not None:
                 runtime.services.lag_probe.start(runtime.admission.observe_kafka)
+                runtime.admission.probe_pool = partial(
+                    _watch_pool, runtime.services.lag_probe, config, runtime.admission
+                )
             loop_lag = Periodic(
                 runtime.admission.loop_lag.step, LOOP_CHECK_S, name="gateway-loop-lag"
             )
@@ -87,7 +95,7 @@ def create_app(
     app.include_router(router)
     if admin is not None:
         # Imported only here: a gateway without /admin never loads the lifecycle's database code.
-        from tidegate.gateway.admin import install_admin
+        from tidegate.gateway.admin.lifecycle_api import install_admin
 
         install_admin(app)
     close_public_routes(app, auth)

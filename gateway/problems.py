@@ -46,6 +46,7 @@ from tidegate.gateway.http_errors import (
     RequestNotFoundError,
     UnsupportedMediaTypeError,
 )
+from tidegate.schemas.records import ErrorRecord, ResultRecord
 
 __all__ = [
     "BEARER_CHALLENGE",
@@ -132,7 +133,7 @@ def status_for_error(error: TidegateError) -> int:
 
 def status_for_error_type(error_type: type[TidegateError]) -> int:
     """The status every error of this class answers: what the OpenAPI documents for a route
-    that raises it (`tidegate.gateway.openapi_docs`)."""
+    that raises it (`tidegate.gateway.openapi.openapi_docs`)."""
     return next((status for cls, status in _ERROR_STATUS if issubclass(error_type, cls)), 500)
 
 
@@ -232,18 +233,18 @@ def error_problem(
     )
 
 
-def result_problem(result: Mapping[str, Any], *, instance: str) -> ProblemResponse:
+def result_problem(result: ResultRecord, *, instance: str) -> ProblemResponse:
     """The problem body of a result that is not OK, carrying its structured error."""
     status = str(result.get("status"))
-    error: Mapping[str, Any] = result.get("error") or {}
-    code = str(error.get("code") or _RESULT_CODE.get(status, "INTERNAL"))
+    error: ErrorRecord = result.get("error") or {"code": "", "message": ""}
+    code = error["code"] or _RESULT_CODE.get(status, "INTERNAL")
     return problem(
         status_for_result(status),
-        str(error.get("message") or f"the request ended with status {status}"),
+        error["message"] or f"the request ended with status {status}",
         instance=instance,
         code=code,
         result_status=status,
-        retriable=bool(error.get("retriable", False)),
+        retriable=error.get("retriable", False),
         field=error.get("field"),
         error_class=error.get("error_class") or None,
         details=dict(error.get("details") or {}) or None,

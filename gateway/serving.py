@@ -1,16 +1,8 @@
-"""Serving the gateway with uvicorn: in this process, or in `GatewaySettings.workers` processes on
-one port.
-
-With several workers, uvicorn's supervisor binds the port once and starts each worker in a fresh
-interpreter (multiprocessing's spawn), where `served_app` builds the app from the settings in the
-environment. Each worker is a replica of its own: its own replica id, hence its own lease on a
-partition of the replies topic and its own reply consumer. The supervisor stops every worker on
-SIGTERM or SIGINT (each drains as one replica does: the lease released, the producer flushed)
-and replaces a worker that dies.
-
-Every process serves HTTP with `GatewayHttpProtocol` (`tidegate.gateway.slow_clients`), which cuts
-off clients slow to send their headers or body and caps connections per client address, and with
-TLS when `tls_certfile` and `tls_keyfile` are set (docs/gateway-hardening.md).
+"""Serving the gateway with uvicorn (`serve`): in this process, or in `GatewaySettings.workers`
+processes on one port, each a replica of its own built by `served_app` from the environment.
+Every process serves HTTP with `GatewayHttpProtocol`, with TLS when it is configured.
+The processes: docs/decisions/009-gateway-hot-path.md ("Decision"); the protocol and TLS:
+docs/gateway-hardening.md ("Slow clients are cut off", "TLS on the gateway").
 """
 
 from __future__ import annotations
@@ -27,10 +19,10 @@ from tidegate.core.errors import ConfigurationError
 from tidegate.core.heap import settle
 from tidegate.core.settings import TopicSettings, is_loopback
 from tidegate.core.telemetry import configure_logging
-from tidegate.gateway.admin import lifecycle_admin
+from tidegate.gateway.admin.lifecycle_api import lifecycle_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.slow_clients import GatewayHttpProtocol
 

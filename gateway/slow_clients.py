@@ -1,37 +1,9 @@
-"""Cutting off slow and greedy HTTP clients at the connection, before the app sees them.
-
-uvicorn bounds only the idle wait between keep-alive requests (`timeout_keep_alive`): a connection
-that opens and sends nothing, or trickles its headers a byte at a time, or its body, stays open
-for as long as the client likes, each holding a file descriptor and parser state. A thousand such
-clients exhaust a replica without sending a single request. So the gateway serves HTTP with
-`GatewayHttpProtocol`, uvicorn's httptools protocol with four limits (`ConnectionLimits`):
-
-* the request line and headers must be complete within `header_timeout_s`, counted from when the
-  connection opens (for its first request) or from the first byte of a later one;
-* the body must be complete within `body_timeout_s` of its headers. This lives here rather than
-  in `tidegate.gateway.body` so that it holds for every route that takes a body (/admin and the
-  registry API too), and because a request cut off mid-body must lose its connection anyway:
-  the rest of the body is still on the wire;
-* the request line and headers may not exceed `max_header_bytes` (httptools sets no bound),
-  counted as raw bytes read until the headers are complete;
-* one client address may hold at most `max_connections_per_client` open connections per process;
-  more are answered 429 and closed at once, before their request is read.
-
-An inference call that admission control (`tidegate.gateway.admission`, found in the app's
-lifespan state) refuses now is answered here too, as soon as its headers are complete: a canned
-503 problem with `Retry-After`, on a connection that stays open, without authenticating it,
-routing it or reading its body (`tidegate.gateway.refusals`). Under overload refusals are most of
-the traffic, and each costs what parsing its headers costs.
-
-A request cut off after it began is answered 408 with a problem body and `Connection: close`,
-unless its response has already started; a connection that never sent a byte is just closed.
-The deadlines are timers on the event loop, armed and cancelled once per request: a normal call
-pays two `call_later`s and a sum per chunk read while its head arrives, nothing per byte.
-
-uvicorn takes the protocol as a class (its `http` option). Worker processes of `--workers N` are
-spawned with the configuration pickled, so the class is named by reference and reads its limits
-from `GatewaySettings` in the environment they inherit, as the app factory does; `guarded_protocol`
-makes a class with limits of its own, for a server in this process.
+"""Cutting off slow and greedy HTTP clients at the connection, before the app sees them:
+`GatewayHttpProtocol`, uvicorn's httptools protocol with header and body deadlines, a header
+size cap and a per-client connection cap (`ConnectionLimits`), which also answers admission's
+refusals before the app runs.
+The limits and why: docs/gateway-hardening.md ("Slow clients are cut off"); the refusals:
+docs/overload.md ("Refused before anything else runs").
 """
 
 from __future__ import annotations
@@ -45,9 +17,9 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tidegate.core.telemetry import get_logger
-from tidegate.gateway.admission import ADMISSION_STATE, BATCH, REALTIME, Admission
+from tidegate.gateway.admission.admission_control import ADMISSION_STATE, BATCH, REALTIME, Admission
+from tidegate.gateway.admission.refusals import refusal_app
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.refusals import refusal_app
 
 __all__ = ["ConnectionLimits", "GatewayHttpProtocol", "guarded_protocol"]
 

@@ -11,10 +11,10 @@ from tests.integration.gateway.gateway_fixtures import GatewayServer, fraud_body
 from tests.integration.own_broker import Broker
 from tests.support import unique, wait_for
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig, GatewayServices, kafka_services
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import GatewayConfig, GatewayServices, kafka_services
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.publisher import KafkaPublisher
+from tidegate.gateway.roundtrip.request_publisher import KafkaRequestPublisher
 
 __all__ = [
     "ASYNC",
@@ -50,7 +50,7 @@ def publishing_to(kafka: KafkaSettings) -> Callable[[GatewayConfig], GatewayServ
 
     def build(config: GatewayConfig) -> GatewayServices:
         services = kafka_services(config)
-        services.publisher = KafkaPublisher(
+        services.publisher = KafkaRequestPublisher(
             kafka, config.topics, config.registry, gateway=config.gateway
         )
         return services

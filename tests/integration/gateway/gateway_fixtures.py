@@ -28,10 +28,11 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
+from tidegate.gateway.admin.lifecycle_api import AdminFactory
 from tidegate.gateway.app import create_app
-from tidegate.gateway.backends import GatewayConfig, ServicesFactory, kafka_services
-from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.gateway_services import GatewayConfig, ServicesFactory, kafka_services
 from tidegate.gateway.slow_clients import ConnectionLimits, guarded_protocol
+from tidegate.gateway.v2api.gateway_runtime import GatewayRuntime
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog
@@ -161,8 +162,14 @@ def fraud_body(rows: int = 2, **extra: Any) -> dict[str, Any]:
 class GatewayServer:
     """One gateway replica served by uvicorn in a thread, on a free port."""
 
-    def __init__(self, config: GatewayConfig, services: ServicesFactory = kafka_services) -> None:
-        self.app = create_app(config, services)
+    def __init__(
+        self,
+        config: GatewayConfig,
+        services: ServicesFactory = kafka_services,
+        admin: AdminFactory | None = None,
+    ) -> None:
+        """`admin`: serve /admin with these commands (`lifecycle_admin`: the real ones)."""
+        self.app = create_app(config, services, admin=admin)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])

@@ -9,9 +9,9 @@ from typing import Any
 
 from tidegate.core.errors import RateLimitedError
 from tidegate.core.settings import RedisSettings
-from tidegate.gateway.identity import Identity, grants_of
-from tidegate.gateway.rate_limit_settings import RateLimitSettings
-from tidegate.gateway.rate_limits import RateLimiter
+from tidegate.gateway.admission.rate_limit_settings import RateLimitSettings
+from tidegate.gateway.admission.rate_limits import RateLimiter
+from tidegate.gateway.auth.identity import Identity, grants_of
 
 __all__ = ["MEASURE_S", "WARM_S", "accepted_rate", "key", "offer", "shared_limit"]
 

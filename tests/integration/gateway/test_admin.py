@@ -26,10 +26,10 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
-from tidegate.gateway.admin import install_admin, lifecycle_admin
+from tidegate.gateway.admin.lifecycle_api import install_admin, lifecycle_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.authn import Authenticator, install_authenticator
-from tidegate.gateway.identity import Identity, grants_of
+from tidegate.gateway.auth.authn import Authenticator, install_authenticator
+from tidegate.gateway.auth.identity import Identity, grants_of
 from tidegate.gateway.problems import PROBLEM_JSON
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.eventstore.event_store import EventStore
@@ -257,8 +257,7 @@ def test_create_app_mounts_admin_only_with_a_lifecycle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     harness = Harness(tmp_path)
-    config = dataclasses.replace(harness.config, topics=topics)
-    monkeypatch.setenv("TIDEGATE_POSTGRES_DB_SCHEMA", pg_settings.db_schema)
+    config = dataclasses.replace(harness.config, topics=topics, postgres=pg_settings)
     monkeypatch.setenv("TIDEGATE_MODELS_STORE_DIR", str(tmp_path / "store"))
     monkeypatch.setenv("TIDEGATE_MODELS_PACKAGES_ROOT", str(packages))
     app = create_app(config, lambda _c: harness.services, admin=lifecycle_admin)
@@ -279,12 +278,11 @@ def test_create_app_mounts_admin_only_with_a_lifecycle(
         assert response.headers["content-type"] == PROBLEM_JSON
 
 
-def test_without_postgres_the_gateway_serves_and_admin_answers_503(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_postgres_the_gateway_serves_and_admin_answers_503(tmp_path: Path) -> None:
     harness = Harness(tmp_path)
-    monkeypatch.setenv("TIDEGATE_POSTGRES_PORT", str(free_port()))
-    app = create_app(harness.config, lambda _c: harness.services, admin=lifecycle_admin)
+    # /admin's event store is the gateway's PostgreSQL: here one nobody listens on.
+    config = dataclasses.replace(harness.config, postgres=PostgresSettings(port=free_port()))
+    app = create_app(config, lambda _c: harness.services, admin=lifecycle_admin)
     with TestClient(app) as http:
         assert http.get("/v2/models/fraud").status_code == 200
         down = http.get("/admin/models")

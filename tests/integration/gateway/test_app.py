@@ -35,8 +35,8 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import (
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import (
     GatewayConfig,
     GatewayServices,
     ServicesFactory,
@@ -44,8 +44,8 @@ from tidegate.gateway.backends import (
 )
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
-from tidegate.gateway.lease import lease_key
-from tidegate.gateway.result_store import RedisResultStore, ResultStore, StoredRequest
+from tidegate.gateway.roundtrip.lease import lease_key
+from tidegate.gateway.roundtrip.result_store import RedisResultStore, ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent
 from tidegate.lifecycle.eventstore.lifecycle_log import LifecycleLog

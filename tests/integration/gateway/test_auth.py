@@ -1,5 +1,5 @@
 """Authentication and authorization of the gateway against the real PostgreSQL (API keys in the
-test's own schema) and a local OIDC issuer (its JWKS over HTTP): what issue 11 must show.
+test's own schema) and a local OIDC issuer (its JWKS over HTTP): what authentication must show.
 
 The V2 path's Kafka side is the in-memory fake of tests/unit/gateway_harness.py (these tests are
 about who may call, not about the pipeline); /admin runs the real lifecycle commands over the
@@ -43,12 +43,12 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
-from tidegate.gateway.admin import lifecycle_admin
-from tidegate.gateway.api_keys import KeyRecord, KeyStore
+from tidegate.gateway.admin.lifecycle_api import lifecycle_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.identity import Grant, Permission
-from tidegate.gateway.permissions import route_permission
+from tidegate.gateway.auth.api_keys import KeyRecord, KeyStore
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.identity import Grant, Permission
+from tidegate.gateway.auth.permissions import route_permission
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.eventstore.event_store import EventStore
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
@@ -85,7 +85,8 @@ def gateway(
 def lifecycle_env(
     pg_settings: PostgresSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # lifecycle_admin opens its session from the environment, as `tidegate gateway` does.
+    # lifecycle_admin's event store is the gateway's PostgreSQL (`gateway` above passes `pg`);
+    # a gateway built from the environment, as `tidegate gateway` is, reads this schema.
     monkeypatch.setenv("TIDEGATE_POSTGRES_DB_SCHEMA", pg_settings.db_schema)
     monkeypatch.setenv("TIDEGATE_MODELS_STORE_DIR", str(tmp_path / "store"))
 

@@ -37,9 +37,9 @@ from tidegate.core.settings import (
     SchemaRegistrySettings,
     TopicSettings,
 )
-from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.events import NewEvent

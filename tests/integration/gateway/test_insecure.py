@@ -14,7 +14,7 @@ from tests.integration.gateway.gateway_fixtures import fraud_body, spawn_gateway
 from tests.support import unique
 from tidegate.cli.procs import wait_http
 from tidegate.core.settings import TopicSettings
-from tidegate.gateway.routes import INSECURE_HEADER
+from tidegate.gateway.v2api.routes import INSECURE_HEADER
 
 
 def test_insecure_lets_anyone_in_and_says_so(

@@ -26,8 +26,8 @@ from tidegate.core.kafka import make_producer
 PROBE = """
 import asyncio, sys, time
 from tidegate.core.settings import KafkaSettings
-from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.lag_probe import LagProbe
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
+from tidegate.gateway.admission.lag_probe import LagProbe
 from tidegate.lifecycle.control.group_lag import GroupLag
 
 kafka = KafkaSettings(bootstrap_servers=sys.argv[1], client_id="lag-probe-test")

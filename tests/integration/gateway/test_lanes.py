@@ -5,7 +5,6 @@ once (503), without taking itself for disconnected."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,13 +15,14 @@ from tests.support import unique, wait_for
 from tidegate.clients.producer import PublishError
 from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.publisher import KafkaPublisher
+from tidegate.gateway.roundtrip.request_publisher import KafkaRequestPublisher
 from tidegate.schemas.catalog import INFERENCE_REQUEST
+from tidegate.schemas.records import RequestRecord
 from tidegate.schemas.registration import RegistryHttp, register_all
 from tidegate.schemas.requests import build_request
 
 
-def record(request_id: str) -> dict[str, Any]:
+def record(request_id: str) -> RequestRecord:
     features = np.zeros((1, 4), dtype=np.float32)
     return build_request("fraud", {"features": features}, request_id=request_id)
 
@@ -63,7 +63,7 @@ async def test_each_lane_publishes_to_its_topic(
     registry_settings: SchemaRegistrySettings,
     lane_topics: TopicSettings,
 ) -> None:
-    publisher = KafkaPublisher(kafka_settings, lane_topics, registry_settings)
+    publisher = KafkaRequestPublisher(kafka_settings, lane_topics, registry_settings)
     await publisher.start()
     try:
         await publisher.publish(record("rt-1"))
@@ -81,7 +81,7 @@ async def test_without_a_batch_topic_batch_calls_are_refused_at_once(
     lane_topics: TopicSettings,
 ) -> None:
     missing = lane_topics.model_copy(update={"requests_batch": unique("it-lane-missing")})
-    publisher = KafkaPublisher(kafka_settings, missing, registry_settings)
+    publisher = KafkaRequestPublisher(kafka_settings, missing, registry_settings)
     await publisher.start()
     try:
         with pytest.raises(PublishError, match=missing.requests_batch):

@@ -22,8 +22,8 @@ from tests.integration.workers import Stack, running
 from tests.support import unique
 from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import start_tracing
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig, kafka_services
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import GatewayConfig, kafka_services
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.models.model_settings import ModelSettings
 

@@ -40,12 +40,12 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.unit.gateway_harness import Harness
 from tidegate.core.settings import PostgresSettings, TopicSettings
-from tidegate.gateway.admin import lifecycle_admin
+from tidegate.gateway.admin.lifecycle_api import lifecycle_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import Authenticator
-from tidegate.gateway.identity import Identity, grants_of
-from tidegate.gateway.openapi_docs import PERMISSION_KEY
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.authn import Authenticator
+from tidegate.gateway.auth.identity import Identity, grants_of
+from tidegate.gateway.openapi.openapi_docs import PERMISSION_KEY
 
 CHECKS = [
     not_a_server_error,

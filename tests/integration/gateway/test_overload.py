@@ -26,9 +26,9 @@ from tests.integration.gateway.gateway_fixtures import GatewayServer, ProtocolGa
 from tests.support import unique, wait_for
 from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroEncoder

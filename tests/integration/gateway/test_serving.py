@@ -22,7 +22,7 @@ from tests.integration.gateway.gateway_fixtures import fraud_body, spawn_gateway
 from tests.support import alive, free_port, unique, wait_for
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.settings import RedisSettings, TopicSettings
-from tidegate.gateway.lease import lease_key
+from tidegate.gateway.roundtrip.lease import lease_key
 
 _STOP_S = 30.0
 T = TypeVar("T", bound=Sized)

@@ -4,7 +4,8 @@ trickling their bodies, are all cut off within the configured timeouts while a n
 calls keep their latency; and the gateway serves HTTPS from `--workers 2` processes with an
 encrypted key, each of them applying the limits.
 
-Before issue 11, 1,000 connections trickling their headers stayed open for 30 s and more."""
+Before the header and body timeouts, 1,000 connections trickling their headers stayed open
+for 30 s and more."""
 
 from __future__ import annotations
 

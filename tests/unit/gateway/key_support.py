@@ -10,7 +10,7 @@ from typing import Literal
 from argon2 import PasswordHasher
 
 from tests.unit.auth_fixtures import FAST_HASHER, MemoryKeyStore
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.identity import Grant
 
 __all__ = ["Clock", "GatedHasher", "issue"]
 

@@ -7,9 +7,9 @@ from confluent_kafka import KafkaError
 
 from tidegate.core.errors import OverloadedError
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.admission import Admission
-from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.publisher import KafkaPublisher
+from tidegate.gateway.admission.admission_control import Admission
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
+from tidegate.gateway.roundtrip.request_publisher import KafkaRequestPublisher
 
 
 class Clock:
@@ -43,7 +43,7 @@ def test_asynchronous_slots_expire() -> None:
 
 
 def test_publisher_not_connected_once_all_brokers_are_down() -> None:
-    publisher = KafkaPublisher(KafkaSettings(), TopicSettings(), SchemaRegistrySettings())
+    publisher = KafkaRequestPublisher(KafkaSettings(), TopicSettings(), SchemaRegistrySettings())
     publisher._connected = True
     publisher._on_error(KafkaError(KafkaError._TRANSPORT))
     assert publisher.connected

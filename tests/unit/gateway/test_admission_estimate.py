@@ -1,6 +1,6 @@
 """Admission from measured load, on an injected clock: the service rate, the estimated queueing
-delay and the adaptive in-flight limit of `tidegate.gateway.load_estimate`, as `Admission` uses
-them, against a simulated single-queue server of known capacity."""
+delay and the adaptive in-flight limit of `tidegate.gateway.admission.load_estimate`, as `Admission`
+uses them, against a simulated single-queue server of known capacity."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ from typing import Any
 import pytest
 
 from tidegate.core.errors import OverloadedError
-from tidegate.gateway.admission import BATCH, REALTIME, Admission
-from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.load_estimate import KafkaBacklog, LoopLag
+from tidegate.gateway.admission.admission_control import BATCH, REALTIME, Admission
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
+from tidegate.gateway.admission.load_estimate import KafkaBacklog, LoopLag
+from tidegate.schemas.records import ResultRecord
 
 SLO_S = 0.1
+
+
+def result(request_id: str) -> ResultRecord:
+    """A minimal result of `request_id` (admission reads only its id)."""
+    return {"request_id": request_id, "model": "m", "status": "OK", "completed_at": 0}
 
 
 class Clock:
@@ -53,7 +59,7 @@ class Server:
     def deliver(self) -> None:
         while self.due and self.due[0][0] <= self.clock.now:
             _, rid = heapq.heappop(self.due)
-            self.admission.on_result({"request_id": rid})
+            self.admission.on_result(result(rid))
 
     def offer(
         self, rate: float, seconds: float, wait_s: float = 1.0, lane: str = REALTIME
@@ -237,7 +243,7 @@ def test_a_late_event_loop_shrinks_the_limits_once_calls_crowd() -> None:
     # one (but leave it at its floor, refusing the next ordinary burst).
     adm.admit("c", model="m", wait_s=1)
     clock.now += 0.01
-    adm.on_result({"request_id": "c"})
+    adm.on_result(result("c"))
     adm.loop_lag.worst = 0.08  # the loop ran 80 ms late: the gateway itself is saturated
     clock.now += 0.2
     adm.refusal("m")
@@ -261,7 +267,7 @@ def test_slow_calls_far_below_the_limit_leave_it_alone_and_a_cut_limit_recovers(
     for i in range(40):  # slow calls (a stalled host), never more than one in flight
         adm.admit(f"s{i}", model="m", wait_s=5)
         clock.now += 0.3
-        adm.on_result({"request_id": f"s{i}"})
+        adm.on_result(result(f"s{i}"))
         load = adm.model_load("m")
     assert load is not None
     assert load.limit == 64
@@ -269,7 +275,7 @@ def test_slow_calls_far_below_the_limit_leave_it_alone_and_a_cut_limit_recovers(
     for i in range(100):  # fast calls, one at a time: unused, the limit grows back
         adm.admit(f"f{i}", model="m", wait_s=5)
         clock.now += 0.1
-        adm.on_result({"request_id": f"f{i}"})
+        adm.on_result(result(f"f{i}"))
         adm.refusal("m")
     assert load.limit == 64
 
@@ -290,6 +296,32 @@ def test_a_workers_backlog_refuses_a_call_it_would_delay_past_its_budget() -> No
     clock.now += 0.5
     adm.observe_kafka(lag=10, committed=1390)
     assert adm.refusal("m", wait_s=1) is None
+
+
+def test_each_pools_backlog_refuses_only_its_own_models_calls() -> None:
+    clock = Clock()
+    adm = admission(clock)
+    adm.pool_of = {"bert": "nlp"}.get
+    probed: list[str] = []
+    adm.probe_pool = probed.append
+    adm.observe_kafka(lag=0, committed=0)
+    clock.now += 1
+    adm.observe_kafka(lag=5000, committed=200)  # 25 s of backlog on the default pool's topic
+    assert adm.refusal("m", wait_s=1) is not None
+    assert adm.refusal("bert", wait_s=1) is None, "bert's pool has its own topic and workers"
+    assert adm.retry_after_s("bert") == 1
+    assert probed == ["nlp"], "the first call of a pool starts measuring its backlog, once"
+    # nlp's own backlog: 10 s at its workers' 100/s. It refuses bert, and leaves the default be.
+    adm.observe_kafka(lag=0, committed=0, pool="nlp")
+    adm.observe_kafka(lag=0, committed=0)
+    clock.now += 1
+    adm.observe_kafka(lag=1000, committed=100, pool="nlp")
+    adm.observe_kafka(lag=0, committed=400)
+    assert adm.refusal("bert", wait_s=1) is not None
+    assert adm.retry_after_s("bert") == 10
+    assert adm.refusal("m", wait_s=1) is None
+    assert probed == ["nlp"]
+    adm.observe_kafka(lag=5, committed=0, pool="unknown")  # a pool no call asked for: ignored
 
 
 def test_backlog_capacity_outlives_an_idle_spell_and_small_lag_is_no_backlog() -> None:

@@ -16,8 +16,8 @@ import pytest
 import uvicorn
 
 from tests.support import wait_for
-from tidegate.gateway.admission import ADMISSION_STATE, Admission
-from tidegate.gateway.admission_settings import AdmissionSettings
+from tidegate.gateway.admission.admission_control import ADMISSION_STATE, Admission
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
 from tidegate.gateway.slow_clients import ConnectionLimits, guarded_protocol
 
 # Serves uvicorn on a socket.

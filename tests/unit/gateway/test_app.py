@@ -29,11 +29,13 @@ from tests.unit.gateway_harness import (
     features,
     fetched,
     kept_writes,
+    left_s,
     make_result,
     problem_of,
 )
-from tidegate.gateway import routes
+from tidegate.gateway.v2api import routes
 from tidegate.lifecycle.domain import events as ev
+from tidegate.schemas.records import ErrorRecord, ResultStatus
 
 # -- health and metadata -----------------------------------------------------------------------
 
@@ -120,12 +122,14 @@ def test_sync_infer_json(client: TestClient, harness: Harness) -> None:
     (record,) = harness.worker.published
     assert record["request_id"] == "call-1"
     assert record["model_version"] is None, "routing happens in the worker"
-    nonce = record["reply_to"].pop("nonce")
-    assert record["reply_to"] == {"topic": "replies", "partition": 3}
+    reply_to = record["reply_to"]
+    assert reply_to is not None
+    nonce = reply_to.pop("nonce")
+    assert reply_to == {"topic": "replies", "partition": 3}
+    assert nonce is not None
     assert len(nonce) >= 16, "each submission carries its own unguessable nonce"
     # The wait (the harness's default_timeout_s) is the request's deadline.
-    left = (record["deadline"] - record["created_at"]).total_seconds()
-    assert left == pytest.approx(5.0, abs=0.05)
+    assert left_s(record) == pytest.approx(5.0, abs=0.05)
 
 
 def test_a_call_answered_in_time_never_touches_the_result_store(
@@ -162,8 +166,7 @@ def test_parameters_routing_key_tenant_and_deadline(client: TestClient, harness:
     assert record["routing_key"] == "card-7"
     assert record["tenant"] == "acme"
     assert record["parameters"] == {"timeout": 2_000_000, "custom": "x"}
-    left = (record["deadline"] - record["created_at"]).total_seconds()
-    assert left == pytest.approx(2.0, abs=0.01)
+    assert left_s(record) == pytest.approx(2.0, abs=0.01)
 
 
 def test_binary_tensors_with_tritonclient_framing(client: TestClient) -> None:
@@ -297,9 +300,9 @@ def test_publish_failure_is_503_and_leaves_no_marker(client: TestClient, harness
     ],
 )
 def test_result_statuses(
-    client: TestClient, harness: Harness, status: str, code: str, http: int
+    client: TestClient, harness: Harness, status: ResultStatus, code: str, http: int
 ) -> None:
-    error = {
+    error: ErrorRecord = {
         "code": code,
         "message": f"{status} happened",
         "error_class": "X",

@@ -1,4 +1,4 @@
-"""The authenticator (tidegate.gateway.authn): which verifier a credential goes to, what a
+"""The authenticator (tidegate.gateway.auth.authn): which verifier a credential goes to, what a
 malformed header gets, and `--insecure`, where everyone is the local admin."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from starlette.requests import Request
 from tests.unit.auth_fixtures import AUDIENCE, ISSUER, MemoryKeyStore
 from tidegate.core.errors import AuthenticationError
 from tidegate.core.settings import PostgresSettings
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import INSECURE, Authenticator
-from tidegate.gateway.identity import ANONYMOUS, Grant, Permission
-from tidegate.gateway.key_verifier import KeyVerifier
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.authn import INSECURE, Authenticator
+from tidegate.gateway.auth.identity import ANONYMOUS, Grant, Permission
+from tidegate.gateway.auth.key_verifier import KeyVerifier
 
 
 def request(authorization: str | None = None) -> Request:

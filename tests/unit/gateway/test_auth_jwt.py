@@ -1,6 +1,6 @@
-"""JWT bearer tokens verified against an issuer's JWKS (tidegate.gateway.jwt_verify), and the
-settings that keep unsafe algorithms out (tidegate.gateway.auth_settings). The issuer is a local
-one (tests/unit/auth_fixtures.py): RSA keys from `cryptography`, its JWKS over HTTP."""
+"""JWT bearer tokens verified against an issuer's JWKS (tidegate.gateway.auth.jwt_verify), and the
+settings that keep unsafe algorithms out (tidegate.gateway.auth.auth_settings). The issuer is a
+local one (tests/unit/auth_fixtures.py): RSA keys from `cryptography`, its JWKS over HTTP."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from pydantic import ValidationError
 
 from tests.unit.auth_fixtures import AUDIENCE, ISSUER, Issuer
 from tidegate.core.errors import AuthenticationError, RateLimitedError
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.client_budget import ClientBudget
-from tidegate.gateway.identity import Permission
-from tidegate.gateway.jwt_verify import JwtVerifier
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.client_budget import ClientBudget
+from tidegate.gateway.auth.identity import Permission
+from tidegate.gateway.auth.jwt_verify import JwtVerifier
 
 # Serves the issuer's JWKS over HTTP.
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """API keys: their format, and the verifier's cache, which is what makes them cheap per call and
-revocable within seconds (tidegate.gateway.api_keys, tidegate.gateway.key_verifier)."""
+revocable within seconds (tidegate.gateway.auth.api_keys, tidegate.gateway.auth.key_verifier)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from tests.unit.auth_fixtures import MemoryKeyStore
 from tests.unit.gateway.key_support import Clock, GatedHasher, issue
 from tidegate.core.errors import AuthenticationError, OverloadedError
-from tidegate.gateway.api_keys import grants_from_json, grants_to_json, new_key, parse_key
-from tidegate.gateway.identity import Grant, Permission
-from tidegate.gateway.key_verifier import KeyVerifier
+from tidegate.gateway.auth.api_keys import grants_from_json, grants_to_json, new_key, parse_key
+from tidegate.gateway.auth.identity import Grant, Permission
+from tidegate.gateway.auth.key_verifier import KeyVerifier
 from tidegate.gateway.problems import error_problem
 
 

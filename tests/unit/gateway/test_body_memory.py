@@ -1,5 +1,5 @@
 """What one JSON call can make the gateway hold is bounded by the record cap, not by the body's
-size (issue 20, finding 6): each parsed value costs about 24 bytes however short its text, so a
+size (docs/security.md): each parsed value costs about 24 bytes however short its text, so a
 body of many tiny values is refused before it is parsed, and the body limit follows the record
 cap unless set."""
 
@@ -15,8 +15,8 @@ import pytest
 from tests.unit.gateway_harness import Harness
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import PayloadTooLargeError
-from tidegate.gateway.infer import InferCall, Inference
-from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.v2api.gateway_runtime import GatewayRuntime
+from tidegate.gateway.v2api.infer import InferCall, Inference
 
 RECORD_CAP = 100_000
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 from tidegate.core.errors import InvalidInputError
-from tidegate.gateway import call_record
-from tidegate.gateway.call_record import Budget, budget
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.gateway.v2api import call_record
+from tidegate.gateway.v2api.call_record import Budget, budget
+from tidegate.schemas.records import ReplyToRecord, RequestRecord
 from tidegate.schemas.v2 import parse_request
 
 SETTINGS = GatewaySettings(default_timeout_s=10, max_timeout_s=60, publish_timeout_s=4)
@@ -45,18 +47,22 @@ def test_a_bad_timeout_is_refused_either_way(raw: str, respond_async: bool) -> N
     assert exc.value.field == "Request-Timeout"
 
 
-def record(deadline_s: float | None, **body: Any) -> dict[str, Any]:
+def record(deadline_s: float | None, **body: Any) -> RequestRecord:
     v2 = parse_request(
         json.dumps({"inputs": [{"name": "x", "shape": [], "datatype": "FP32"}], **body}).encode()
     )
-    reply_to = {"topic": "replies", "partition": 0}
+    reply_to: ReplyToRecord = {"topic": "replies", "partition": 0}
     return call_record.new_record("m", None, v2, [], "r-1", reply_to, deadline_s)
 
 
-def left_s(published: dict[str, Any]) -> float | None:
-    if published["deadline"] is None:
+def left_s(published: RequestRecord) -> float | None:
+    deadline, created_at = published["deadline"], published["created_at"]
+    if deadline is None:
         return None
-    return float((published["deadline"] - published["created_at"]).total_seconds())
+    # new_record writes both as a `datetime`.
+    assert isinstance(deadline, datetime), deadline
+    assert isinstance(created_at, datetime), created_at
+    return (deadline - created_at).total_seconds()
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,11 +15,12 @@ from tests.unit.agents.dataplane_support import lifecycle_state, registered
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
 from tests.unit.gateway_harness import FRAUD_JSON, Harness, features, problem_of
 from tidegate.core.cache_settings import PredictionCacheSettings
-from tidegate.gateway.admission import Admission
-from tidegate.gateway.prediction_cache import GatewayPredictionCache, table_resolver
+from tidegate.gateway.admission.admission_control import Admission
+from tidegate.gateway.modelstate.prediction_cache import GatewayPredictionCache, table_resolver
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.schemas.prediction_keys import encode_outputs, prediction_key
+from tidegate.schemas.records import TensorRecord
 from tidegate.schemas.requests import FALLBACK_OF
 
 
@@ -144,8 +144,8 @@ def test_a_cached_answer_skips_kafka_and_says_so(harness: Harness) -> None:
         first = client.post("/v2/models/fraud/infer", json=body)
         assert first.status_code == 200, first.text
         assert len(harness.worker.published) == 1  # a miss: published as usual
-        record: dict[str, Any] = harness.worker.published[0]
-        output = {
+        record = harness.worker.published[0]
+        output: TensorRecord = {
             "name": "probabilities",
             "datatype": "FP32",
             "shape": [1, 2],

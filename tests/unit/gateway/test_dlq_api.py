@@ -15,9 +15,9 @@ from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicS
 from tidegate.dlq.inspect import DeadLetterUnavailableError
 from tidegate.dlq.redrive import Redrive
 from tidegate.dlq.redrive_report import RedriveOptions
-from tidegate.gateway.admin import install_admin
-from tidegate.gateway.authn import INSECURE, Authenticator, install_authenticator
-from tidegate.gateway.dlq_api import DlqService, RedriveJob, _service, install_dlq
+from tidegate.gateway.admin.dlq_api import DlqService, RedriveJob, _service, install_dlq
+from tidegate.gateway.admin.lifecycle_api import install_admin
+from tidegate.gateway.auth.authn import INSECURE, Authenticator, install_authenticator
 from tidegate.gateway.problems import PROBLEM_JSON
 
 # Nothing listens here: a test that reached Kafka would fail on a timeout, not pass.

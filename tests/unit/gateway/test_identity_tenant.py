@@ -8,9 +8,9 @@ from pathlib import Path
 
 from tests.unit.auth_fixtures import MemoryKeyStore, bearer
 from tests.unit.gateway_harness import features, problem_of, secured
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.identity import Grant
-from tidegate.gateway.jwt_verify import identity_from_claims
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.identity import Grant
+from tidegate.gateway.auth.jwt_verify import identity_from_claims
 
 
 def test_a_keys_tenant_is_every_call_of_its(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The data plane under the routes (`tidegate.gateway.infer`), driven with plain values and no
+"""The data plane under the routes (`tidegate.gateway.v2api.infer`), driven with plain values and no
 HTTP: a synchronous call waits for its reply and Kafka's acknowledgement together, and a 504 is
 given only for a request Kafka has."""
 
@@ -16,8 +16,8 @@ import pytest
 from tests.unit.gateway_harness import Harness, features, kept_writes
 from tidegate.clients.producer import PublishError
 from tidegate.core.errors import InvalidInputError, ModelNotFoundError, ResultTimeoutError
-from tidegate.gateway.infer import UNKNOWN_MODEL, InferCall, Inference, Outcome
-from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.v2api.gateway_runtime import GatewayRuntime
+from tidegate.gateway.v2api.infer import UNKNOWN_MODEL, InferCall, Inference, Outcome
 
 
 @pytest.fixture

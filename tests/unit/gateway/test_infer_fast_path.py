@@ -1,7 +1,8 @@
-"""The infer routes served past FastAPI's per-call machinery (`tidegate.gateway.infer_fast_path`):
-the same route's permission, endpoint and error handlers, without the middleware stack, the
-route scan or dependency solving. What callers get is tested by every other gateway test, which
-goes through it; these test that it is taken, and only where it is equivalent."""
+"""The infer routes served past FastAPI's per-call machinery
+(`tidegate.gateway.v2api.infer_fast_path`): the same route's permission, endpoint and error
+handlers, without the middleware stack, the route scan or dependency solving. What callers get is
+tested by every other gateway test, which goes through it; these test that it is taken, and only
+where it is equivalent."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tests.unit.gateway_harness import Harness, client, features, harness, problem_of
 from tidegate.core.errors import ConfigurationError
-from tidegate.gateway import v2_http
-from tidegate.gateway.identity import Permission
-from tidegate.gateway.infer_fast_path import GatewayApp, InferFastPath
-from tidegate.gateway.permissions import guarded
+from tidegate.gateway.auth.identity import Permission
+from tidegate.gateway.auth.permissions import guarded
+from tidegate.gateway.v2api import v2_http
+from tidegate.gateway.v2api.infer_fast_path import GatewayApp, InferFastPath
 
 __all__ = ["client", "harness"]
 

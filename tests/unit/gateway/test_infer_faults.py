@@ -1,6 +1,6 @@
-"""The data plane (`tidegate.gateway.infer`) under faults, with the harness's fakes: the call's
-timeout becomes the request's deadline, calls are refused at once while Kafka is unreachable, and
-an asynchronous call is either accepted (Kafka has it) or refused (it does not), its retry by id
+"""The data plane (`tidegate.gateway.v2api.infer`) under faults, with the harness's fakes: the
+call's timeout becomes the request's deadline, calls are refused at once while Kafka is unreachable,
+and an asynchronous call is either accepted (Kafka has it) or refused (it does not), its retry by id
 published once."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.unit.gateway_harness import Harness, features
+from tests.unit.gateway_harness import Harness, features, left_s
 from tidegate.clients.producer import PublishError
 from tidegate.core.errors import ResultTimeoutError
 from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
-from tidegate.gateway.infer import InferCall, Inference, Outcome
-from tidegate.gateway.replica import GatewayRuntime
+from tidegate.gateway.v2api.gateway_runtime import GatewayRuntime
+from tidegate.gateway.v2api.infer import InferCall, Inference, Outcome
 
 
 @pytest.fixture
@@ -44,10 +44,6 @@ def call(
     return InferCall(
         "fraud", None, payload, timeout=timeout, respond_async=respond_async, owner=owner
     )
-
-
-def left_s(record: dict[str, Any]) -> float:
-    return float((record["deadline"] - record["created_at"]).total_seconds())
 
 
 async def test_the_timeout_is_the_deadline_and_the_504_says_what_follows(

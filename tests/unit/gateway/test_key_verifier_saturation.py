@@ -1,4 +1,4 @@
-"""argon2 cannot be saturated from outside (issue 20, finding 5): a flood of wrong secrets for a
+"""argon2 cannot be saturated from outside (docs/security.md): a flood of wrong secrets for a
 live key id is refused per address before any check, revoked keys cost no argon2, and a key
 that sat idle or was pushed out of the trust cache is trusted again without argon2."""
 
@@ -11,9 +11,9 @@ import pytest
 from tests.unit.auth_fixtures import MemoryKeyStore
 from tests.unit.gateway.key_support import Clock, GatedHasher, issue
 from tidegate.core.errors import AuthenticationError, RateLimitedError
-from tidegate.gateway.api_keys import parse_key
-from tidegate.gateway.client_budget import ClientBudget
-from tidegate.gateway.key_verifier import KeyVerifier
+from tidegate.gateway.auth.api_keys import parse_key
+from tidegate.gateway.auth.client_budget import ClientBudget
+from tidegate.gateway.auth.key_verifier import KeyVerifier
 from tidegate.gateway.problems import error_problem
 
 

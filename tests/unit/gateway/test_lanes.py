@@ -11,8 +11,9 @@ from fastapi.testclient import TestClient
 
 from tests.unit.gateway_harness import Harness, features, problem_of
 from tidegate.core.errors import InvalidInputError
-from tidegate.gateway import call_record
-from tidegate.gateway.publisher import Ack
+from tidegate.gateway.roundtrip.request_publisher import Ack
+from tidegate.gateway.v2api import call_record
+from tidegate.schemas.records import RequestRecord
 from tidegate.schemas.v2 import parse_request
 
 
@@ -22,7 +23,7 @@ def lanes(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     submit = harness.worker.submit
 
-    def on_lane(record: dict[str, Any], lane: str = "realtime") -> Ack:
+    def on_lane(record: RequestRecord, lane: str = "realtime") -> Ack:
         seen.append(lane)
         return submit(record)
 

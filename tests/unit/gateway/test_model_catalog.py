@@ -8,7 +8,7 @@ import pytest
 from tests.unit.agents.dataplane_support import lifecycle_state, registered
 from tests.unit.gateway_harness import ECHO, FRAUD, MemoryLifecycle
 from tidegate.core.errors import ModelNotFoundError, ModelUnavailableError
-from tidegate.gateway.model_catalog import ModelCatalog
+from tidegate.gateway.modelstate.model_catalog import ModelCatalog
 from tidegate.lifecycle.domain import events as ev
 
 

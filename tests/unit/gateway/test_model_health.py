@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.settings import KafkaSettings, TopicSettings
-from tidegate.gateway.model_health import ModelHealth, version_state
+from tidegate.gateway.modelstate.model_health import ModelHealth, version_state
 
 NOW_MS = 1_000_000.0
 

@@ -1,7 +1,7 @@
-"""The gateway's OpenAPI document (`tidegate.gateway.openapi_docs`): every operation documents its
-error statuses as problems, auth statuses follow the declared permission, and the schemas are the
-shapes the code really writes (a rendered problem, a V2 response and metadata validate against
-them). The live check of every operation against the document is schemathesis's, in
+"""The gateway's OpenAPI document (`tidegate.gateway.openapi.openapi_docs`): every operation
+documents its error statuses as problems, auth statuses follow the declared permission, and the
+schemas are the shapes the code really writes (a rendered problem, a V2 response and metadata
+validate against them). The live check of every operation against the document is schemathesis's, in
 tests/integration/gateway/test_openapi_conformance.py."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from tests.unit.gateway_harness import Harness, features
 from tidegate.core.errors import ConcurrencyConflictError, ModelNotFoundError
 from tidegate.gateway.app import create_app
-from tidegate.gateway.authn import Authenticator
-from tidegate.gateway.backends import GatewayConfig
-from tidegate.gateway.identity import Identity, grants_of
-from tidegate.gateway.openapi_docs import PERMISSION_KEY, install_openapi
+from tidegate.gateway.auth.authn import Authenticator
+from tidegate.gateway.auth.identity import Identity, grants_of
+from tidegate.gateway.gateway_services import GatewayConfig
+from tidegate.gateway.openapi.openapi_docs import PERMISSION_KEY, install_openapi
 from tidegate.gateway.problems import PROBLEM_JSON, error_problem
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 

@@ -1,7 +1,7 @@
-"""Every route of the gateway declares and enforces a permission (tidegate.gateway.permissions):
-the walk of the app's routes and of its OpenAPI, the permission table of docs/security.md, and
-what callers get: 401 with a challenge, 403, the rate limiter after authorization, the audit
-trail, and the lifecycle's actor from the identity rather than a header."""
+"""Every route of the gateway declares and enforces a permission
+(tidegate.gateway.auth.permissions): the walk of the app's routes and of its OpenAPI, the permission
+table of docs/security.md, and what callers get: 401 with a challenge, 403, the rate limiter after
+authorization, the audit trail, and the lifecycle's actor from the identity rather than a header."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from tests.unit.gateway_harness import Harness, features, problem_of
 from tidegate.clients.audit import MemoryAuditTrail
 from tidegate.core.errors import InvalidTransitionError, RateLimitedError
 from tidegate.gateway import http_metrics
-from tidegate.gateway.admin import install_admin, lifecycle_admin
+from tidegate.gateway.admin.lifecycle_api import install_admin, lifecycle_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import Authenticator
-from tidegate.gateway.identity import Grant, Identity, Permission
-from tidegate.gateway.key_verifier import KeyVerifier
-from tidegate.gateway.permissions import PERMISSION_KEY, route_permission
-from tidegate.gateway.routes import INSECURE_HEADER
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.authn import Authenticator
+from tidegate.gateway.auth.identity import Grant, Identity, Permission
+from tidegate.gateway.auth.key_verifier import KeyVerifier
+from tidegate.gateway.auth.permissions import PERMISSION_KEY, route_permission
+from tidegate.gateway.v2api.routes import INSECURE_HEADER
 
 P = Permission
 TABLE: dict[tuple[str, str], Permission] = {
@@ -59,6 +59,7 @@ TABLE: dict[tuple[str, str], Permission] = {
     ("POST", "/admin/models/{name}/unpin"): P.DEPLOY,
     ("POST", "/admin/models/{name}/experiment"): P.DEPLOY,
     ("POST", "/admin/models/{name}/fallback"): P.DEPLOY,
+    ("POST", "/admin/models/{name}/pool"): P.DEPLOY,
     ("POST", "/admin/models/{name}/retire"): P.ADMIN,
     ("GET", "/admin/dlq/messages"): P.ADMIN,
     ("GET", "/admin/dlq/messages/{topic}/{partition}/{offset}"): P.ADMIN,
@@ -83,8 +84,8 @@ def undeclared(app: FastAPI) -> list[str]:
         declared, enforced = route_permission(route)
         if declared is None or enforced is None or declared is not enforced:
             bad.append(f"{route.path}: declares {declared}, enforces {enforced}")
-    # FastAPI's own document, before tidegate.gateway.openapi_docs fills in what a route's kind
-    # needs: what the routes themselves declare.
+    # FastAPI's own document, before tidegate.gateway.openapi.openapi_docs fills in what a route's
+    # kind needs: what the routes themselves declare.
     raw = get_openapi(title=app.title, version=app.version, routes=app.routes)
     for path, operations in raw["paths"].items():
         for method, operation in operations.items():

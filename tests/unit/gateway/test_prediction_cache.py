@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import struct
 from datetime import UTC, datetime
-from typing import Any
 
 from tests.unit.agents.dataplane_support import fraud_table, lifecycle_table, registered
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
 from tidegate.core.cache_settings import PredictionCacheSettings
-from tidegate.gateway.prediction_cache import (
+from tidegate.gateway.modelstate.prediction_cache import (
     GatewayPredictionCache,
     certain_route,
     table_resolver,
@@ -18,9 +17,10 @@ from tidegate.gateway.prediction_cache import (
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.schemas.prediction_keys import encode_outputs, prediction_key
+from tidegate.schemas.records import RequestRecord, ResultRecord, ResultStatus, TensorRecord
 
 SETTINGS = PredictionCacheSettings(models=frozenset({"fraud"}), key_prefix="g:", ttl_s=30)
-OUTPUT = {
+OUTPUT: TensorRecord = {
     "name": "probabilities",
     "datatype": "FP32",
     "shape": [1, 2],
@@ -29,11 +29,17 @@ OUTPUT = {
 }
 
 
-def record(rid: str = "r1", **extra: Any) -> dict[str, Any]:
+def record(
+    rid: str = "r1",
+    *,
+    model: str = "fraud",
+    model_version: str | None = None,
+    entity_key: str | None = None,
+) -> RequestRecord:
     return {
         "request_id": rid,
-        "model": "fraud",
-        "model_version": None,
+        "model": model,
+        "model_version": model_version,
         "tenant": "t1",
         "routing_key": None,
         "inputs": [
@@ -48,8 +54,19 @@ def record(rid: str = "r1", **extra: Any) -> dict[str, Any]:
         "outputs": [],
         "parameters": {},
         "created_at": datetime.now(UTC),
-        "entity_key": None,
-        **extra,
+        "entity_key": entity_key,
+    }
+
+
+def answer(status: ResultStatus = "OK", outputs: list[TensorRecord] | None = None) -> ResultRecord:
+    """A worker's result of version 1 (of `record()`: the cache keys it by the request)."""
+    return {
+        "request_id": "r1",
+        "model": "fraud",
+        "model_version": "1",
+        "status": status,
+        "outputs": [OUTPUT] if outputs is None else outputs,
+        "completed_at": datetime.now(UTC),
     }
 
 
@@ -87,14 +104,16 @@ async def test_a_stored_answer_is_served_marked_cached_with_the_version() -> Non
     cache = GatewayPredictionCache(as_redis(redis), SETTINGS, replica_id="g1")
     resolve = table_resolver(Feed(only_one()))
     assert await cache.lookup("fraud", resolve, record()) is None
-    await cache.store(record(), {"status": "OK", "model_version": "1", "outputs": [OUTPUT]})
+    await cache.store(record(), answer())
     assert list(redis.ttls_ms.values()) == [30_000]
     hit = await cache.lookup("fraud", resolve, record("r2"))
     assert hit is not None
     assert hit["cached"] is True
     assert (hit["request_id"], hit["model_version"], hit["status"]) == ("r2", "1", "OK")
     assert hit["outputs"] == [OUTPUT]
-    assert hit["routing_rule"].startswith("split@")
+    rule = hit["routing_rule"]
+    assert rule is not None
+    assert rule.startswith("split@")
 
 
 async def test_it_finds_what_a_worker_stored_under_the_same_key() -> None:
@@ -110,7 +129,7 @@ async def test_a_promotion_never_serves_the_old_versions_answer() -> None:
     redis = FakeRedis()
     cache = GatewayPredictionCache(as_redis(redis), SETTINGS, replica_id="g1")
     feed = Feed(fraud_table(ev.RoutingRuleSet("p", version="1")))
-    await cache.store(record(), {"status": "OK", "model_version": "1", "outputs": [OUTPUT]})
+    await cache.store(record(), answer())
     assert await cache.lookup("fraud", table_resolver(feed), record()) is not None
     feed.tables["fraud"] = fraud_table(ev.RoutingRuleSet("p", version="2"))
     assert await cache.lookup("fraud", table_resolver(feed), record()) is None
@@ -120,10 +139,10 @@ async def test_entity_requests_other_models_and_failures_are_never_cached() -> N
     redis = FakeRedis()
     cache = GatewayPredictionCache(as_redis(redis), SETTINGS, replica_id="g1")
     resolve = table_resolver(Feed(only_one()))
-    ok = {"status": "OK", "model_version": "1", "outputs": [OUTPUT]}
+    ok = answer()
     await cache.store(record(entity_key="u1"), ok)
     await cache.store(record(model="other"), ok)
-    await cache.store(record(), {"status": "INVALID", "model_version": "1", "outputs": []})
+    await cache.store(record(), answer("INVALID", outputs=[]))
     await cache.store(record(), {**ok, "cached": True})
     await cache.store(record(), {**ok, "routing_rule": "fallback:breaker-open@fraud/1"})
     assert redis.values == {}
@@ -137,4 +156,4 @@ async def test_a_failing_redis_means_publishing() -> None:
     redis.down = True
     cache = GatewayPredictionCache(as_redis(redis), SETTINGS, replica_id="g1")
     assert await cache.lookup("fraud", table_resolver(Feed(only_one())), record()) is None
-    await cache.store(record(), {"status": "OK", "model_version": "1", "outputs": [OUTPUT]})
+    await cache.store(record(), answer())

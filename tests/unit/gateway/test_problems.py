@@ -43,6 +43,7 @@ from tidegate.gateway.problems import (
     status_for_error,
     status_for_result,
 )
+from tidegate.schemas.records import ResultRecord
 
 
 @pytest.mark.parametrize(
@@ -161,11 +162,12 @@ def test_a_request_in_flight_is_retried_later() -> None:
 
 
 def test_result_problem_carries_the_structured_error() -> None:
-    result = {
+    result: ResultRecord = {
         "request_id": "r2",
         "model": "fraud",
         "model_version": "1",
         "status": "ERROR",
+        "completed_at": 0,
         "error": {
             "code": "MODEL_ERROR",
             "message": "onnxruntime failed",
@@ -189,7 +191,13 @@ def test_result_problem_carries_the_structured_error() -> None:
 
 
 def test_result_problem_without_error_record() -> None:
-    result = {"request_id": "r3", "model": "m", "status": "DEADLINE_EXCEEDED", "error": None}
+    result: ResultRecord = {
+        "request_id": "r3",
+        "model": "m",
+        "status": "DEADLINE_EXCEEDED",
+        "error": None,
+        "completed_at": 0,
+    }
     body = body_of(result_problem(result, instance="/v2/requests/r3"))
     assert body["status"] == 504
     assert body["code"] == "DEADLINE_EXCEEDED"

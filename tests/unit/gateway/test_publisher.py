@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -14,11 +14,21 @@ from confluent_kafka import KafkaError, Producer
 from tidegate.clients.producer import PublishError, RecordTooLargeError, TidegateProducer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.gateway.gateway_settings import GatewaySettings
-from tidegate.gateway.publisher import KafkaPublisher, producer_options, record_limit
+from tidegate.gateway.roundtrip.request_publisher import (
+    KafkaRequestPublisher,
+    producer_options,
+    record_limit,
+)
+from tidegate.schemas.records import RequestRecord
 
 
-def publisher() -> KafkaPublisher:
-    return KafkaPublisher(KafkaSettings(), TopicSettings(), SchemaRegistrySettings())
+def publisher() -> KafkaRequestPublisher:
+    return KafkaRequestPublisher(KafkaSettings(), TopicSettings(), SchemaRegistrySettings())
+
+
+def request(request_id: str) -> RequestRecord:
+    """A minimal request (the fake producer below does not look into it)."""
+    return {"request_id": request_id, "model": "m", "inputs": [], "created_at": 0}
 
 
 def stats(*states: str) -> str:
@@ -83,7 +93,8 @@ def test_a_record_over_the_limit_is_refused_before_it_is_enqueued(size: int, ref
     local = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, **extra})
     producer._producer = local
     producer._encoder = _Encoder(size)  # type: ignore[assignment]
-    record = {"request_id": "r-1", "routing_key": None}
+    # A fake encoder sizes the record: only the fields the producer itself reads are needed.
+    record = cast(RequestRecord, {"request_id": "r-1", "routing_key": None})
     if not refused:
         # No broker to ask for the partition count (a keyless record's sticky partition): the
         # lookup would wait out its 5 s timeout.
@@ -129,8 +140,8 @@ async def test_an_acknowledged_send_wakes_nothing_and_a_failed_one_ends_its_call
     pub._producer = producer  # type: ignore[assignment]
     pub._connected = True
     failures: list[Exception] = []
-    ok = pub.send({"request_id": "a"}, "realtime", failures.append)
-    bad = pub.send({"request_id": "b"}, "realtime", failures.append)
+    ok = pub.send(request("a"), "realtime", failures.append)
+    bad = pub.send(request("b"), "realtime", failures.append)
     loop = asyncio.get_running_loop()
     woken: list[object] = []
     threadsafe = loop.call_soon_threadsafe

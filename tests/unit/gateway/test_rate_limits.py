@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from tests.support import free_port
 from tidegate.core.errors import OverloadedError, RateLimitedError
 from tidegate.core.settings import RedisSettings
-from tidegate.gateway.identity import ANONYMOUS, Identity, grants_of
+from tidegate.gateway.admission.rate_limit_settings import RateLimitSettings
+from tidegate.gateway.admission.rate_limits import RateLimiter
+from tidegate.gateway.auth.identity import ANONYMOUS, Identity, grants_of
 from tidegate.gateway.problems import error_problem
-from tidegate.gateway.rate_limit_settings import RateLimitSettings
-from tidegate.gateway.rate_limits import RateLimiter
 
 
 def limiter(redis_url: str = "redis://127.0.0.1:6379/0", **settings: Any) -> RateLimiter:
@@ -137,7 +137,7 @@ async def test_redis_down_fails_open_with_one_warning_and_a_count(
 ) -> None:
     rl = limiter(f"redis://127.0.0.1:{free_port()}/0", client_rate_per_s=1)
     before = unchecked()
-    with caplog.at_level(logging.WARNING, logger="tidegate.gateway.rate_limits"):
+    with caplog.at_level(logging.WARNING, logger="tidegate.gateway.admission.rate_limits"):
         for _ in range(3):  # over the rate: allowed all the same
             await rl.check(caller("infer"), "fraud")
     await rl.close()
@@ -220,7 +220,7 @@ async def test_a_client_over_its_limit_does_not_spend_its_models() -> None:
 
 async def test_after_the_stand_down_redis_is_asked_again(caplog: pytest.LogCaptureFixture) -> None:
     rl = limiter(f"redis://127.0.0.1:{free_port()}/0", client_rate_per_s=1, outage_backoff_s=0)
-    with caplog.at_level(logging.WARNING, logger="tidegate.gateway.rate_limits"):
+    with caplog.at_level(logging.WARNING, logger="tidegate.gateway.admission.rate_limits"):
         for _ in range(2):
             await rl.check(caller("infer"), None)
     await rl.close()

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tidegate.gateway.authn import INSECURE, Authenticator
+from tidegate.gateway.admin.registry_api import CONTENT_TYPE, create_app
+from tidegate.gateway.auth.authn import INSECURE, Authenticator
 from tidegate.gateway.problems import registry_http_status as http_status
-from tidegate.gateway.registry_api import CONTENT_TYPE, create_app
 from tidegate.schemas.registry import MemoryLog, SchemaRegistry
-from tidegate.schemas.registry.records import decode_record
 from tidegate.schemas.registry.registry_state import RegistryState
+from tidegate.schemas.registry.topic_records import decode_record
 
 
 def record(*fields: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """The schema registry refuses anonymous callers, and tells reading, registering and the changes
-that can break every reader (deletes, compatibility) apart (issue 20, finding 7). Credentials are
+that can break every reader (deletes, compatibility) apart (docs/security.md). Credentials are
 what confluent-kafka's `SchemaRegistryClient` sends: HTTP Basic with a key's id and secret, or a
 bearer key; refusals keep Confluent's error shape."""
 
@@ -14,12 +14,12 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from tests.unit.auth_fixtures import MemoryKeyStore, bearer
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import Authenticator
-from tidegate.gateway.identity import Grant
-from tidegate.gateway.key_verifier import KeyVerifier
-from tidegate.gateway.permissions import route_permission
-from tidegate.gateway.registry_api import create_app
+from tidegate.gateway.admin.registry_api import create_app
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.authn import Authenticator
+from tidegate.gateway.auth.identity import Grant
+from tidegate.gateway.auth.key_verifier import KeyVerifier
+from tidegate.gateway.auth.permissions import route_permission
 from tidegate.schemas.registry import MemoryLog, SchemaRegistry
 
 SCHEMA = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}'

@@ -5,16 +5,27 @@ knows."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.unit.gateway_harness import MemoryStore
 from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import context_from_headers, span_headers, start_tracing
-from tidegate.gateway.admission import Admission
-from tidegate.gateway.replies import ReplyRouter
-from tidegate.gateway.result_store import StoredRequest
+from tidegate.gateway.admission.admission_control import Admission
+from tidegate.gateway.roundtrip.reply_router import ReplyRouter
+from tidegate.gateway.roundtrip.result_store import StoredRequest
+from tidegate.schemas.records import ResultRecord
+
+
+def result(request_id: str, worker_id: str = "w-1") -> ResultRecord:
+    """A minimal result; `worker_id` tells the copies of one result apart."""
+    return {
+        "request_id": request_id,
+        "model": "m",
+        "status": "OK",
+        "completed_at": 0,
+        "worker_id": worker_id,
+    }
 
 
 def router(store: MemoryStore, *, keep_s: float = 60.0, max_kept: int = 100) -> ReplyRouter:
@@ -25,7 +36,7 @@ async def test_an_awaited_reply_resolves_its_call_and_touches_no_store() -> None
     store = MemoryStore()
     replies = router(store)
     future = replies.expect("mine")
-    replies.deliver({"request_id": "mine"}, b"raw")
+    replies.deliver(result("mine"), b"raw")
     assert (await future)["request_id"] == "mine"
     await replies.drain()
     assert store.calls == []
@@ -37,9 +48,9 @@ async def test_kept_results_are_stored_and_others_only_attached_to_known_request
     store.requests["elsewhere"] = StoredRequest({"model": "fraud"}, None)
     replies = router(store)
     replies.keep("kept")
-    replies.deliver({"request_id": "kept"}, b"raw-kept")
-    replies.deliver({"request_id": "elsewhere"}, b"raw-elsewhere")
-    replies.deliver({"request_id": "stranger"}, b"raw-stranger")
+    replies.deliver(result("kept"), b"raw-kept")
+    replies.deliver(result("elsewhere"), b"raw-elsewhere")
+    replies.deliver(result("stranger"), b"raw-stranger")
     await replies.drain()
     assert store.requests["kept"].result == b"raw-kept"
     assert store.requests["elsewhere"] == StoredRequest({"model": "fraud"}, b"raw-elsewhere")
@@ -52,7 +63,7 @@ async def test_a_dropped_request_is_no_longer_kept() -> None:
     replies = router(store)
     replies.keep("gone")
     replies.drop("gone")
-    replies.deliver({"request_id": "gone"}, b"raw")
+    replies.deliver(result("gone"), b"raw")
     await replies.drain()
     assert store.calls == [("attach", "gone")]
     assert store.requests == {}
@@ -64,7 +75,7 @@ async def test_kept_ids_are_bounded_in_number_and_time() -> None:
     for request_id in ("a", "b", "c"):
         few.keep(request_id)
     for request_id in ("a", "b", "c"):
-        few.deliver({"request_id": request_id}, b"raw")
+        few.deliver(result(request_id), b"raw")
     await few.drain()
     assert store.calls == [("attach", "a"), ("save", "b"), ("save", "c")]
 
@@ -72,7 +83,7 @@ async def test_kept_ids_are_bounded_in_number_and_time() -> None:
     brief = router(store, keep_s=0.01)
     brief.keep("x")
     await asyncio.sleep(0.05)
-    brief.deliver({"request_id": "x"}, b"raw")
+    brief.deliver(result("x"), b"raw")
     await brief.drain()
     assert store.calls == [("attach", "x")]
 
@@ -84,7 +95,7 @@ async def test_a_late_reply_after_its_call_ended_is_stored_when_kept() -> None:
     future.set_exception(TimeoutError())
     replies.keep("late")
     replies.forget("late", future)
-    replies.deliver({"request_id": "late"}, b"raw")
+    replies.deliver(result("late"), b"raw")
     await replies.drain()
     assert store.requests["late"].result == b"raw"
     assert store.calls == [("save", "late")]
@@ -98,7 +109,7 @@ async def test_a_reply_in_the_same_moment_as_the_deadline_is_stored() -> None:
     replies = router(store)
     future = replies.expect("edge")
     future.set_exception(TimeoutError())
-    replies.deliver({"request_id": "edge"}, b"raw")
+    replies.deliver(result("edge"), b"raw")
     await replies.drain()
     assert store.calls == [("save", "edge")]
     assert isinstance(future.exception(), TimeoutError)
@@ -106,12 +117,12 @@ async def test_a_reply_in_the_same_moment_as_the_deadline_is_stored() -> None:
 
 async def test_forget_cancels_and_spares_a_later_call_of_the_same_id() -> None:
     replies = router(MemoryStore())
-    first: asyncio.Future[dict[str, Any]] = replies.expect("x")
+    first: asyncio.Future[ResultRecord] = replies.expect("x")
     replies.forget("x", first)
     assert first.cancelled()
     assert not replies.is_waiting("x")
     stale = replies.expect("y")
-    replies.deliver({"request_id": "y"}, b"raw")
+    replies.deliver(result("y"), b"raw")
     newer = replies.expect("y")
     replies.forget("y", stale)
     assert replies.is_waiting("y")
@@ -124,7 +135,7 @@ async def test_listeners_see_every_reply() -> None:
     replies.listeners.append(admission.on_result)
     admission.admit("async", ttl_s=60)
     replies.keep("async")
-    replies.deliver({"request_id": "async"}, b"raw")
+    replies.deliver(result("async"), b"raw")
     await replies.drain()
     assert admission.in_flight == 0
 
@@ -135,9 +146,9 @@ async def test_a_redelivered_reply_answers_its_caller_once() -> None:
     store = MemoryStore()
     replies = router(store)
     future = replies.expect("dup")
-    replies.deliver({"request_id": "dup", "copy": 1}, b"one")
-    replies.deliver({"request_id": "dup", "copy": 2}, b"two")
-    assert (await future)["copy"] == 1
+    replies.deliver(result("dup", worker_id="copy-1"), b"one")
+    replies.deliver(result("dup", worker_id="copy-2"), b"two")
+    assert (await future)["worker_id"] == "copy-1"
     await replies.drain()
     assert not replies.is_waiting("dup")
     assert "dup" not in store.requests, "the copy of an answered sync call was stored"
@@ -155,8 +166,8 @@ async def test_with_tracing_a_reply_is_a_span_under_the_workers_context() -> Non
     carried = context_from_headers(span_headers(worker_span))
     replies = ReplyRouter(MemoryStore(), keep_s=60.0, max_kept=10, tracer=tracer)
     future = replies.expect("traced")
-    replies.deliver({"request_id": "traced"}, b"raw", carried)
-    replies.deliver({"request_id": "untraced"}, b"raw")  # a reply without context: no span
+    replies.deliver(result("traced"), b"raw", carried)
+    replies.deliver(result("untraced"), b"raw")  # a reply without context: no span
     await future
     await replies.drain()
     (reply,) = exporter.get_finished_spans()
@@ -174,13 +185,13 @@ async def test_stored_results_are_their_callers_and_attach_never_replaces_one() 
     store.requests["done"] = StoredRequest({"model": "fraud"}, b"first", "key:a")
     replies = router(store)
     replies.keep("kept", "key:a")
-    replies.deliver({"request_id": "kept"}, b"raw-kept")
+    replies.deliver(result("kept"), b"raw-kept")
     late = replies.expect("late", "key:b")
     late.cancel()  # its call ended at the deadline and has not said `keep` yet
-    replies.deliver({"request_id": "late"}, b"raw-late")
-    replies.deliver({"request_id": "done"}, b"duplicate")  # nobody waits: only attached
+    replies.deliver(result("late"), b"raw-late")
+    replies.deliver(result("done"), b"duplicate")  # nobody waits: only attached
     replies.keep("done", "key:mallory")  # a reused id: the store refuses the write
-    replies.deliver({"request_id": "done"}, b"forged")
+    replies.deliver(result("done"), b"forged")
     await replies.drain()
     assert store.requests["kept"] == StoredRequest(None, b"raw-kept", "key:a")
     assert store.requests["late"] == StoredRequest(None, b"raw-late", "key:b")
@@ -193,16 +204,16 @@ async def test_a_reply_reaches_only_the_submission_whose_nonce_it_carries() -> N
     replies = router(store)
     future = replies.expect("order-123", "key:m", "n-mallory")
     # Another submission's reply with the same id (or a forged one, without a nonce): not hers.
-    replies.deliver({"request_id": "order-123", "copy": "alice"}, b"alice", None, "n-alice")
-    replies.deliver({"request_id": "order-123", "copy": "forged"}, b"forged", None, None)
+    replies.deliver(result("order-123", worker_id="alice"), b"alice", None, "n-alice")
+    replies.deliver(result("order-123", worker_id="forged"), b"forged", None, None)
     assert not future.done()
-    replies.deliver({"request_id": "order-123", "copy": "hers"}, b"hers", None, "n-mallory")
-    assert (await future)["copy"] == "hers"
+    replies.deliver(result("order-123", worker_id="hers"), b"hers", None, "n-mallory")
+    assert (await future)["worker_id"] == "hers"
     # A kept request takes only its own submission's result, in the router and in the store.
     replies.keep("kept", "key:a", "n-kept")
-    replies.deliver({"request_id": "kept"}, b"wrong", None, "n-other")
+    replies.deliver(result("kept"), b"wrong", None, "n-other")
     await replies.drain()
     assert store.requests["kept"].result is None
-    replies.deliver({"request_id": "kept"}, b"right", None, "n-kept")
+    replies.deliver(result("kept"), b"right", None, "n-kept")
     await replies.drain()
     assert store.requests["kept"].result == b"right"

@@ -19,9 +19,9 @@ from tests.support import wait_for
 from tests.unit.auth_fixtures import MemoryKeyStore, bearer
 from tests.unit.gateway_harness import Harness, features, problem_of, secured
 from tidegate.core.errors import ModelNotFoundError
-from tidegate.gateway.admin import install_admin
+from tidegate.gateway.admin.lifecycle_api import install_admin
 from tidegate.gateway.app import create_app
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.identity import Grant
 
 ASYNC = {"Prefer": "respond-async"}
 

@@ -15,7 +15,7 @@ from pydantic import SecretStr, ValidationError
 
 from tidegate.core.errors import ConfigurationError
 from tidegate.gateway import serving
-from tidegate.gateway.auth_settings import AuthSettings
+from tidegate.gateway.auth.auth_settings import AuthSettings
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.slow_clients import ConnectionLimits, GatewayHttpProtocol
 
