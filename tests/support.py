@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.util
 import inspect
 import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
@@ -20,6 +23,7 @@ __all__ = [
     "eventually",
     "free_port",
     "retry_later",
+    "settings_reference",
     "unique",
     "wait_for",
 ]
@@ -175,3 +179,16 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+@functools.cache
+def settings_reference() -> ModuleType:
+    """infra/settings_reference.py, the one finder of the code's settings classes (a script, not
+    a module of the package: loaded from its file)."""
+    path = Path(__file__).resolve().parents[1] / "infra" / "settings_reference.py"
+    spec = importlib.util.spec_from_file_location("settings_reference", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,7 +4,7 @@ These machines are noisy, so contenders run in alternating rounds and the best r
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
 (or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
 `takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `kafka_down`, `redrive`, `chaos`,
-`security`) runs one part.
+`security`, `pools`) runs one part.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tests.bench import (
     lifecycle,
     overload,
     pipeline,
+    pools,
     profile,
     rate_limit_cost,
     redrive,
@@ -51,6 +52,7 @@ PARTS = {
     "redrive": redrive.run,
     "chaos": chaos.run,
     "security": security_cost.run,
+    "pools": pools.run,
 }
 
 

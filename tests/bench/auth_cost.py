@@ -5,7 +5,7 @@ replaced by the in-memory fake of tests/unit/gateway_harness.py and no HTTP clie
 authentication off (`--insecure`), with an API key and with a JWT. Keys and tokens are verified
 once and then remembered, as in production, so this is the per-call cost: the dependency, one
 SHA-256 and one dictionary lookup. `python -m tests.bench auth`; modes alternate over rounds and
-the best round counts. Bar: auth on costs at most 5 % of the calls per second (issue 11)."""
+the best round counts. Bar: auth on costs at most 5 % of the calls per second."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from typing import Any
 
 from tests.unit.auth_fixtures import AUDIENCE, ISSUER, Issuer, MemoryKeyStore, bearer
 from tests.unit.gateway_harness import Harness, features
+from tidegate.gateway.admission.rate_limit_settings import RateLimitSettings
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import Authenticator
-from tidegate.gateway.identity import Grant
-from tidegate.gateway.jwt_verify import JwtVerifier
-from tidegate.gateway.key_verifier import KeyVerifier
-from tidegate.gateway.rate_limit_settings import RateLimitSettings
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.authn import Authenticator
+from tidegate.gateway.auth.identity import Grant
+from tidegate.gateway.auth.jwt_verify import JwtVerifier
+from tidegate.gateway.auth.key_verifier import KeyVerifier
 
 __all__ = ["run"]
 

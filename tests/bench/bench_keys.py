@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 from tidegate.core.db import make_pool, migrate
 from tidegate.core.settings import PostgresSettings
-from tidegate.gateway.api_keys import KeyStore
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.api_keys import KeyStore
+from tidegate.gateway.auth.identity import Grant
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 __all__ = ["infer_headers"]

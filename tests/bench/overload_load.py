@@ -23,7 +23,7 @@ from tests.bench.versus import process_tree
 from tidegate.clients.loadgen import percentile
 from tidegate.core.kafka import make_offset_reader
 from tidegate.core.settings import KafkaSettings
-from tidegate.gateway.lag_probe import read_lag
+from tidegate.gateway.admission.lag_probe import read_lag
 
 __all__ = ["Answers", "Sampler", "http_overload", "rss_mb", "workers_lag"]
 

@@ -3,7 +3,7 @@ part of `make bench`). Moved here from the integration tests, which keep the beh
 says when to retry; a remembered refusal and a limit far from being hit rarely reach Redis), since
 a CPU bar in a functional test fails when the machine is slow, not when the code is wrong.
 
-Bars (issue 11): a refusal that asks Redis under 0.6 ms of CPU, a remembered one under 0.05 ms,
+Bars: a refusal that asks Redis under 0.6 ms of CPU, a remembered one under 0.05 ms,
 an accepted call under a high limit under 0.05 ms (5% of the ~1 ms the gateway spends on a call).
 The best of `ROUNDS` rounds counts.
 
@@ -21,9 +21,9 @@ from tests.integration.gateway.rate_load import MEASURE_S, accepted_rate, shared
 from tests.support import unique
 from tidegate.core.errors import RateLimitedError
 from tidegate.core.settings import RedisSettings
-from tidegate.gateway.identity import Identity, grants_of
-from tidegate.gateway.rate_limit_settings import RateLimitSettings
-from tidegate.gateway.rate_limits import RateLimiter
+from tidegate.gateway.admission.rate_limit_settings import RateLimitSettings
+from tidegate.gateway.admission.rate_limits import RateLimiter
+from tidegate.gateway.auth.identity import Identity, grants_of
 
 __all__ = ["run"]
 

@@ -28,8 +28,8 @@ def serve(port: int) -> None:
     """A server whose every inference call is refused: fraud's limit is held by 16 calls."""
     import uvicorn
 
-    from tidegate.gateway.admission import ADMISSION_STATE, Admission
-    from tidegate.gateway.admission_settings import AdmissionSettings
+    from tidegate.gateway.admission.admission_control import ADMISSION_STATE, Admission
+    from tidegate.gateway.admission.admission_settings import AdmissionSettings
     from tidegate.gateway.slow_clients import ConnectionLimits, guarded_protocol
 
     admission = Admission(4096, AdmissionSettings(probe=False, initial_limit=16, min_limit=16))

@@ -70,8 +70,8 @@ ARMS = {
 
 
 def _per_call_us() -> dict[str, float]:
-    from tidegate.gateway.call_record import new_nonce
-    from tidegate.gateway.client_budget import ClientBudget
+    from tidegate.gateway.auth.client_budget import ClientBudget
+    from tidegate.gateway.v2api.call_record import new_nonce
 
     budget = ClientBudget(1_000_000, "bench")
     nonce = new_nonce()

@@ -4,7 +4,7 @@ started last is killed, and the time until results of each of its partitions com
 survivor is read from the results' own Kafka timestamps. `KILLS` kills per side, a new victim
 joining the survivor before each; every request must get a result.
 
-Sides: the settings before issue 12 (classic protocol, session 10 s, heartbeat 1 s), the classic
+Sides: the settings before decision 015 (classic protocol, session 10 s, heartbeat 1 s), the classic
 protocol with the new defaults (session 2 s, heartbeat 0.5 s), and KIP-848 (`group.protocol=
 consumer`) with the same session and heartbeat set as the group's config.
 

@@ -36,6 +36,7 @@ from tidegate.core.telemetry_settings import TracingSettings
 from tidegate.core.tracing import KafkaHeaders, span_headers, start_tracing
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema, topic_subjects
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
+from tidegate.schemas.records import RequestRecord, ResultRecord, TensorRecord
 from tidegate.schemas.tensors import from_numpy
 
 __all__ = ["run"]
@@ -92,7 +93,7 @@ class _Message:
         return (1, int(time.time() * 1000))
 
 
-def _request(index: int) -> dict[str, Any]:
+def _request(index: int) -> RequestRecord:
     return {
         "request_id": f"r{index}",
         "model": "fraud",
@@ -111,7 +112,7 @@ def _request(index: int) -> dict[str, Any]:
     }
 
 
-def _answer(tasks: list[InferenceTask], output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _answer(tasks: list[InferenceTask], output: list[TensorRecord]) -> list[ResultRecord]:
     timings = Timings(0.1, 0.2, len(tasks))
     return [ok_result(t, output, version="1", timings=timings, worker_id="w") for t in tasks]
 

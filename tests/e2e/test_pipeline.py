@@ -30,6 +30,7 @@ from tidegate.schemas.catalog import (
     load_schema,
 )
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
+from tidegate.schemas.records import RequestRecord, TensorRecord, Timestamp
 from tidegate.schemas.tensors import from_numpy
 
 RNG = np.random.default_rng(7)
@@ -97,14 +98,24 @@ def _find_envelope(topic: str, key: bytes) -> dict[str, Any]:
     return _scan(topic, DEAD_LETTER_ENVELOPE, keep, lambda: bool(seen))[0][1]
 
 
-def _request(model: str, inputs: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {
-        "request_id": extra.pop("request_id", uuid.uuid4().hex),
+def _request(
+    model: str,
+    inputs: list[TensorRecord],
+    *,
+    routing_key: str | None = None,
+    deadline: Timestamp | None = None,
+) -> RequestRecord:
+    record: RequestRecord = {
+        "request_id": uuid.uuid4().hex,
         "model": model,
         "inputs": inputs,
         "created_at": datetime.now(UTC),
-        **extra,
     }
+    if routing_key is not None:
+        record["routing_key"] = routing_key
+    if deadline is not None:
+        record["deadline"] = deadline
+    return record
 
 
 def test_http_fraud_matches_direct_onnxruntime(pipeline: Pipeline) -> None:

@@ -38,7 +38,7 @@ from tests.tls_support import self_signed, wait_https
 from tests.unit.core.secret_settings_support import settings_classes
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.settings import PostgresSettings, SchemaRegistrySettings, TopicSettings
-from tidegate.gateway.api_keys import KEY_PREFIX, parse_key
+from tidegate.gateway.auth.api_keys import KEY_PREFIX, parse_key
 from tidegate.schemas.catalog import topic_subjects
 from tidegate.schemas.registration import RegistryHttp, register_all
 

@@ -74,37 +74,52 @@ TINY_WEIGHTS = {
 
 def build_tiny_model(store_dir: Path) -> ModelSettings:
     """Put `tiny` versions 1 and 2 (softmax(x @ W), two W) into a fresh store."""
+    settings = ModelSettings(store_dir=store_dir / "store")
+    for version, weights in TINY_WEIGHTS.items():
+        store_classifier(settings, store_dir / f"source-{version}", "tiny", version, weights)
+    return settings
+
+
+def store_classifier(
+    settings: ModelSettings, source: Path, name: str, version: str, *weights: Any
+) -> None:
+    """Store an ONNX classifier of `SIGNATURE`: softmax(x @ W1 @ W2 ...), one MatMul per
+    weight matrix (`source` is where its package is written first)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    settings = ModelSettings(store_dir=store_dir / "store")
-    for version, weights in TINY_WEIGHTS.items():
-        graph = helper.make_graph(
-            [
-                helper.make_node("MatMul", ["features", "W"], ["logits"]),
-                helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
-            ],
-            "tiny",
-            [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])],
-            [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])],
-            [numpy_helper.from_array(np.array(weights, dtype=np.float32), "W")],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 9
-        source = store_dir / f"source-{version}"
-        source.mkdir(parents=True)
-        onnx.save(model, str(source / "model.onnx"))
-        manifest = Manifest(
-            name="tiny",
-            version=version,
-            runtime="onnx",
-            entrypoint="model.onnx",
-            files={"model.onnx": ""},
-            signature=SIGNATURE,
-            task="classifier",
-        )
-        asyncio.run(LocalArtifactStore(settings).put(source, manifest))
-    return settings
+    names = [f"W{i}" for i in range(len(weights))]
+    steps = ["features", *(f"h{i}" for i in range(len(weights) - 1)), "logits"]
+    graph = helper.make_graph(
+        [
+            *(
+                helper.make_node("MatMul", [a, w], [b])
+                for a, w, b in zip(steps[:-1], names, steps[1:], strict=True)
+            ),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        ],
+        name,
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 2])],
+        [
+            numpy_helper.from_array(np.asarray(w, dtype=np.float32), n)
+            for w, n in zip(weights, names, strict=True)
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    source.mkdir(parents=True)
+    onnx.save(model, str(source / "model.onnx"))
+    manifest = Manifest(
+        name=name,
+        version=version,
+        runtime="onnx",
+        entrypoint="model.onnx",
+        files={"model.onnx": ""},
+        signature=SIGNATURE,
+        task="classifier",
+    )
+    asyncio.run(LocalArtifactStore(settings).put(source, manifest))
 
 
 def tiny_softmax(version: str, features: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
@@ -192,6 +207,7 @@ def stack(
     kafka_settings: KafkaSettings,
     pg_settings: PostgresSettings,
     models: ModelSettings,
+    registry_settings: SchemaRegistrySettings,
 ) -> Iterator[Stack]:
     topics = TopicSettings(
         requests=unique("w-requests"),
@@ -220,7 +236,7 @@ def stack(
     new = [NewTopic(n, num_partitions=4, replication_factor=1) for n in names]
     for future in admin.create_topics(new).values():
         future.result(timeout=30)
-    registry = SchemaRegistrySettings()
+    registry = registry_settings  # the local stack's, unless a test module names another
     with RegistryHttp(registry) as http:
         list(register_all(http, topic_subjects(topics)))
     client = SchemaRegistryClient(registry.client_config())
@@ -303,6 +319,36 @@ def start_worker(stack: Stack, models: ModelSettings, **env: str) -> subprocess.
     )
 
 
+def tidegate(
+    stack: Stack, models: ModelSettings, *args: str, code: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """`tidegate ARGS` on the stack's topics and schema, as an operator runs it; it must exit
+    with `code`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tidegate.cli", "--as", "it", *args],
+        env=stack.env(models),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == code, done.stdout + done.stderr
+    return done
+
+
+def records_in(stack: Stack, topic: str) -> int:
+    """How many records `topic` (of the stack's 4 partitions) holds: its end offsets' sum."""
+    consumer = make_consumer(stack.kafka, unique("w-ends"))
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(4)
+        )
+    finally:
+        consumer.close()
+
+
 def stop_workers(*procs: subprocess.Popen[bytes]) -> None:
     """SIGTERM every worker process still running, then wait for each (SIGKILL after 60 s)."""
     for proc in procs:
@@ -356,7 +402,9 @@ async def running(
     tracing and a failure policy of the test's own), and the controller's outbox relay unless
     `relay=False` (a test that runs the controller itself)."""
     config = WorkerConfig(
-        worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0, **settings),
+        worker=WorkerSettings(
+            group_id=stack.group, metrics_port=0, **{"worker_id": "it", **settings}
+        ),
         kafka=stack.kafka,
         topics=stack.topics,
         models=models,

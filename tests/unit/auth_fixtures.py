@@ -23,13 +23,13 @@ from argon2 import PasswordHasher
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
-from tidegate.gateway.api_keys import (
+from tidegate.gateway.auth.api_keys import (
     IssuedKey,
     KeyRecord,
     KeyStore,
     issue,
 )
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.identity import Grant
 
 # argon2 at its cheapest: the tests check behaviour, not the cost parameters.
 FAST_HASHER = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import httpx
@@ -25,19 +25,27 @@ from tests.unit.agents.dataplane_support import lifecycle_state, registered
 from tests.unit.auth_fixtures import MemoryKeyStore
 from tidegate.clients.producer import Lane, PublishError
 from tidegate.gateway.app import create_app
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.authn import Authenticator
-from tidegate.gateway.backends import GatewayConfig, GatewayServices
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.auth.authn import Authenticator
+from tidegate.gateway.auth.key_verifier import KeyVerifier
+from tidegate.gateway.gateway_services import GatewayConfig, GatewayServices
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
-from tidegate.gateway.key_verifier import KeyVerifier
-from tidegate.gateway.model_catalog import ModelCatalog
-from tidegate.gateway.publisher import Ack, RequestPublisher
-from tidegate.gateway.replies import Deliver, ReplyFeed
-from tidegate.gateway.result_store import ResultStore, StoredRequest
+from tidegate.gateway.modelstate.model_catalog import ModelCatalog
+from tidegate.gateway.roundtrip.reply_router import Deliver, ReplyFeed
+from tidegate.gateway.roundtrip.request_publisher import Ack, RequestPublisher
+from tidegate.gateway.roundtrip.result_store import ResultStore, StoredRequest
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.state import ModelState
 from tidegate.schemas.catalog import INFERENCE_RESULT, load_schema
+from tidegate.schemas.records import (
+    ErrorRecord,
+    ReplyToRecord,
+    RequestRecord,
+    ResultRecord,
+    ResultStatus,
+    TensorRecord,
+)
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
@@ -54,24 +62,27 @@ FRAUD_JSON = FRAUD.model_dump_json()
 ECHO_JSON = ECHO.model_dump_json()
 
 
-def encode_result(result: dict[str, Any]) -> bytes:
+def encode_result(result: ResultRecord) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, RESULT_SCHEMA, result)
     return buf.getvalue()
 
 
-def decode_result(raw: bytes) -> dict[str, Any]:
+def decode_result(raw: bytes) -> ResultRecord:
     decoded = fastavro.schemaless_reader(io.BytesIO(raw), RESULT_SCHEMA, None)
     assert isinstance(decoded, dict)
-    return decoded
+    # Read with the InferenceResult schema: the record has its fields.
+    return cast(ResultRecord, decoded)
 
 
 def make_result(
-    record: dict[str, Any],
-    status: str = "OK",
-    outputs: list[dict[str, Any]] | None = None,
-    error: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    record: Mapping[str, Any],
+    status: ResultStatus = "OK",
+    outputs: list[TensorRecord] | None = None,
+    error: ErrorRecord | None = None,
+) -> ResultRecord:
+    """A worker's answer to `record`: a `RequestRecord`, or the decoded request
+    (tests/integration/fakes.py) that a plain dict stands for."""
     return {
         "request_id": record["request_id"],
         "model": record["model"],
@@ -90,7 +101,7 @@ def make_result(
     }
 
 
-def compute(record: dict[str, Any]) -> dict[str, Any]:
+def compute(record: Mapping[str, Any]) -> ResultRecord:
     """What the fake worker answers: row sums and maxima for fraud, upper case for echo."""
     (tensor,) = record["inputs"]
     array = to_numpy(tensor)
@@ -112,7 +123,7 @@ class FakeFeed(ReplyFeed):
     async def stop(self) -> None:
         self.deliver = None
 
-    def reply_to(self) -> dict[str, Any] | None:
+    def reply_to(self) -> ReplyToRecord | None:
         return {"topic": "replies", "partition": 3} if self.assigned else None
 
 
@@ -121,12 +132,12 @@ class FakeWorker(RequestPublisher):
 
     def __init__(self, feed: FakeFeed) -> None:
         self.feed = feed
-        self.published: list[dict[str, Any]] = []
-        self.answer: Callable[[dict[str, Any]], dict[str, Any]] = compute
+        self.published: list[RequestRecord] = []
+        self.answer: Callable[[RequestRecord], ResultRecord] = compute
         self.hold = False
         self.hold_ack = False
         self.fail = False
-        self.held: dict[str, tuple[dict[str, Any], str | None]] = {}
+        self.held: dict[str, tuple[ResultRecord, str | None]] = {}
         self.acks: dict[str, Ack] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.is_connected = True
@@ -135,7 +146,7 @@ class FakeWorker(RequestPublisher):
     def connected(self) -> bool:
         return self.is_connected
 
-    def submit(self, record: dict[str, Any], lane: Lane = "realtime") -> Ack:
+    def submit(self, record: RequestRecord, lane: Lane = "realtime") -> Ack:
         self.loop = asyncio.get_running_loop()
         ack: Ack = self.loop.create_future()
         if self.fail:
@@ -143,7 +154,8 @@ class FakeWorker(RequestPublisher):
             return ack
         self.published.append(record)
         # The reply carries its submission's nonce back, as a worker's does.
-        reply = (self.answer(record), (record.get("reply_to") or {}).get("nonce"))
+        reply_to = record.get("reply_to")
+        reply = (self.answer(record), reply_to.get("nonce") if reply_to else None)
         if self.hold:
             self.held[record["request_id"]] = reply
         else:
@@ -154,7 +166,7 @@ class FakeWorker(RequestPublisher):
             ack.set_result(None)
         return ack
 
-    def _deliver(self, reply: tuple[dict[str, Any], str | None]) -> None:
+    def _deliver(self, reply: tuple[ResultRecord, str | None]) -> None:
         assert self.feed.deliver is not None
         result, nonce = reply
         self.feed.deliver(result, encode_result(result), None, nonce)
@@ -323,6 +335,15 @@ def features(rows: int = 2, **extra: Any) -> dict[str, Any]:
         "inputs": [{"name": "features", "datatype": "FP32", "shape": [rows, 4], "data": data}],
         **extra,
     }
+
+
+def left_s(record: RequestRecord) -> float:
+    """The seconds from a published request's creation to its deadline (the gateway writes both
+    as a `datetime`)."""
+    deadline, created_at = record.get("deadline"), record["created_at"]
+    assert isinstance(deadline, datetime), deadline
+    assert isinstance(created_at, datetime), created_at
+    return (deadline - created_at).total_seconds()
 
 
 def problem_of(resp: Any, status: int) -> dict[str, Any]:

@@ -3,34 +3,23 @@ classes: a field added, renamed or redescribed without `make docs` fails here.""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
+
+from tests.support import settings_reference
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "settings_reference", REPO / "infra" / "settings_reference.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_settings_reference_is_current() -> None:
     page = REPO / "docs" / "reference" / "settings.md"
-    assert page.read_text() == generator().render(), "run `make docs`"
+    assert page.read_text() == settings_reference().render(), "run `make docs`"
 
 
 def test_every_field_of_every_settings_class_is_listed() -> None:
     from tidegate.core.settings import KafkaSettings
-    from tidegate.gateway.auth_settings import AuthSettings
+    from tidegate.gateway.auth.auth_settings import AuthSettings
 
-    made = generator()
+    made = settings_reference()
     text = made.render()
     classes = made.settings_classes()
     assert KafkaSettings in classes

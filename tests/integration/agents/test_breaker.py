@@ -44,7 +44,7 @@ from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.errors import ModelExecutionError
 from tidegate.core.kafka import make_consumer
 from tidegate.dlq.failure_settings import FailureSettings
-from tidegate.gateway.model_health import ModelHealth
+from tidegate.gateway.modelstate.model_health import ModelHealth
 from tidegate.lifecycle.domain import events as ev
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -34,11 +34,12 @@ from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.core.settings import RedisSettings
 from tidegate.dlq.failure_settings import FailureSettings
-from tidegate.gateway.prediction_cache import GatewayPredictionCache, table_resolver
+from tidegate.gateway.modelstate.prediction_cache import GatewayPredictionCache, table_resolver
 from tidegate.lifecycle.domain import events as ev
 from tidegate.models.manifest import ModelPackage
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.records import RequestRecord
 from tidegate.schemas.tensors import to_numpy
 
 FEATURES = [0.5, -1.0, 2.0, 0.25]
@@ -182,9 +183,14 @@ async def test_the_gateway_finds_what_a_worker_stored(
         computed = await answer(stack, results, "computed")
         gateway = GatewayPredictionCache(redis, cache, replica_id="it")
         # An explicit version is certain before any worker routes; so is a pin.
-        record = request("http-call", "k", FEATURES, model_version="1", outputs=[], parameters={})
+        # `request` (shared with `publish`, which takes any dict) builds a complete
+        # InferenceRequest as a plain dict.
+        record = cast(
+            RequestRecord,
+            request("http-call", "k", FEATURES, model_version="1", outputs=[], parameters={}),
+        )
         hit = await gateway.lookup("tiny", table_resolver(worker.feed), record)
-        split = request("http-split", "k", FEATURES, outputs=[], parameters={})
+        split = cast(RequestRecord, request("http-split", "k", FEATURES, outputs=[], parameters={}))
         uncertain = await gateway.lookup("tiny", table_resolver(worker.feed), split)
     assert hit is not None
     assert (hit["request_id"], hit["model_version"], hit["cached"]) == ("http-call", "1", True)

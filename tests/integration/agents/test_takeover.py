@@ -22,7 +22,7 @@ from tests.integration.agents.takeover_support import (
 from tests.integration.workers import Stack
 from tidegate.models.model_settings import ModelSettings
 
-# The session before issue 12: a takeover sooner than this is the new settings' doing.
+# The settings before decision 015: a takeover sooner than this is the new settings' doing.
 OLD_SESSION_S = int(CLASSIC_OLD["TIDEGATE_WORKER_SESSION_TIMEOUT_MS"]) / 1000
 
 

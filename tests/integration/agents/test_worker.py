@@ -124,6 +124,8 @@ async def test_the_worker_reports_what_it_loads_and_unloads(
         loaded = next(p for p in history if isinstance(p, ev.VersionLoaded))
         assert isinstance(loaded, ev.VersionLoaded)
         assert loaded.load_ms > 0
+        # The worker's first onnxruntime load also paid for the runtime's start: no size.
+        assert loaded.rss_bytes is None
 
         async def warm_here() -> bool:
             state = worker.feed.state("tiny")
@@ -137,6 +139,11 @@ async def test_the_worker_reports_what_it_loads_and_unloads(
             return len(reports(await stack.history())) == count
 
         await eventually(lambda: reported(2), what="the load of 2")
+        second = [p for p in await stack.history() if isinstance(p, ev.VersionLoaded)][-1]
+        # Measured on this Linux host and carried through the store: a size, not "unknown".
+        assert isinstance(second, ev.VersionLoaded)
+        assert second.rss_bytes is not None
+        assert second.rss_bytes >= 0
         await stack.append(ev.Retired("1"))
         await eventually(lambda: reported(3), what="the unload of 1")
         assert worker.versions.ready("tiny", "2")

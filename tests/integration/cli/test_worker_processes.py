@@ -97,18 +97,32 @@ def start(stack: Stack, models: ModelSettings, tmp_path: Path) -> Iterator[Calla
             pool.process.wait(10)
 
 
-def settled(admin: AdminClient, stack: Stack, pool: Pool) -> bool:
-    """The group is stable with both slots as members, each holding partitions (their consumers'
-    client.id ends with the worker id)."""
+def members(admin: AdminClient, stack: Stack) -> dict[str, str]:
+    """The group's members: member id to client id."""
     found = admin.describe_consumer_groups([stack.group])[stack.group].result(timeout=10)
+    return {m.member_id: m.client_id for m in found.members}
+
+
+def settled(admin: AdminClient, stack: Stack, pool: Pool, gone: frozenset[str]) -> bool:
+    """The group is stable with both slots as members, each holding partitions (their consumers'
+    client.id ends with the worker id), and none of the `gone` members is left in it. A killed
+    child's member keeps its client.id and its partitions until its session times out, so a
+    group that still holds it looks settled by client ids alone."""
+    found = admin.describe_consumer_groups([stack.group])[stack.group].result(timeout=10)
+    if any(m.member_id in gone for m in found.members):
+        return False
     owners = {m.client_id for m in found.members if m.assignment.topic_partitions}
     slots = {i for i in pool.ids() if any(c.endswith(f"-{i}") for c in owners)}
     return found.state == ConsumerGroupState.STABLE and len(owners) == 2 and slots == pool.ids()
 
 
-def wait_settled(admin: AdminClient, stack: Stack, pool: Pool) -> None:
+def wait_settled(
+    admin: AdminClient, stack: Stack, pool: Pool, gone: frozenset[str] = frozenset()
+) -> None:
     try:
-        wait_for(lambda: settled(admin, stack, pool), timeout=45, interval=0.5, what="2 members")
+        wait_for(
+            lambda: settled(admin, stack, pool, gone), timeout=45, interval=0.5, what="2 members"
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{pool.tail()}") from None
 
@@ -168,6 +182,10 @@ def test_a_killed_child_is_restarted_in_its_slot(
         wait_settled(admin, stack, pool)
         before = pool.children()
         victim = before[f"{pool.base}-1"]
+        dead = frozenset(
+            m for m, c in members(admin, stack).items() if c.endswith(f"-{pool.base}-1")
+        )
+        assert len(dead) == 1, members(admin, stack)
         os.kill(victim, signal.SIGKILL)
 
         def replaced() -> dict[str, int] | None:
@@ -177,7 +195,7 @@ def test_a_killed_child_is_restarted_in_its_slot(
         after = wait_for(replaced, timeout=15, what="a new process in slot 1")
         assert after[f"{pool.base}-2"] == before[f"{pool.base}-2"], "slot 2 was restarted too"
         assert "exited with signal SIGKILL" in pool.log.read_text()
-        wait_settled(admin, stack, pool)
+        wait_settled(admin, stack, pool, gone=dead)
         assert served_by(stack, reader, "after") == pool.ids(), "the restarted slot does no work"
         stop(pool)
     finally:

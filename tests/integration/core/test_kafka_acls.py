@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclOperation,
     AdminClient,
@@ -53,9 +58,9 @@ from tidegate.core.kafka_acls import (
     prune_acls,
 )
 from tidegate.core.settings import KafkaSettings, TopicSettings, read_env_file
-from tidegate.gateway.admission_settings import AdmissionSettings
-from tidegate.gateway.auth_settings import AuthSettings
-from tidegate.gateway.backends import GatewayConfig
+from tidegate.gateway.admission.admission_settings import AdmissionSettings
+from tidegate.gateway.auth.auth_settings import AuthSettings
+from tidegate.gateway.gateway_services import GatewayConfig
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.lifecycle.control.process import ControllerConfig, ControllerService
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
@@ -227,6 +232,21 @@ def test_a_producer_cannot_read_requests_or_join_the_workers_group(
     assert joined.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, joined
 
 
+def test_a_producer_reads_the_workers_committed_offsets(
+    stack: Stack, principals: Principals
+) -> None:
+    # What a moving model's order waits on (clients.pool_moves): allowed, as a describe.
+    admin = make_admin(principals.kafka[Component.PRODUCER])
+    asked = [ConsumerGroupTopicPartitions(stack.group, [TopicPartition(stack.topics.requests, 0)])]
+    found = admin.list_consumer_group_offsets(asked)[stack.group].result(timeout=30)
+    assert [tp.error for tp in found.topic_partitions] == [None]
+    other = unique("tidegate-other-group")
+    asked = [ConsumerGroupTopicPartitions(other, [TopicPartition(stack.topics.requests, 0)])]
+    with pytest.raises(KafkaException) as refused:
+        admin.list_consumer_group_offsets(asked)[other].result(timeout=30)
+    assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
 def test_only_the_controller_writes_the_lifecycle(stack: Stack, principals: Principals) -> None:
     assert delivery(principals.kafka[Component.CONTROLLER], stack.topics.lifecycle) is None
     for other in Component:
@@ -287,9 +307,13 @@ def test_make_up_applied_the_table_for_the_default_names(admin: AdminClient) -> 
     found = described(admin, "User:tidegate-producer")
     topics = TopicSettings()
     writes = {b.name for b in found if b.operation == AclOperation.WRITE}
-    assert writes == {topics.requests, topics.requests_batch}
+    # The default pool's requests topics, and every pool's by prefix (`<requests>.<pool>`).
+    pools = {f"{topics.requests}.", f"{topics.requests_batch}."}
+    assert writes == {topics.requests, topics.requests_batch, *pools}
     reads = {(b.restype, b.name) for b in found if b.operation == AclOperation.READ}
     assert reads == {(ResourceType.TOPIC, topics.results), (ResourceType.GROUP, PRODUCER_GROUPS)}
+    describes = {(b.restype, b.name) for b in found if b.operation == AclOperation.DESCRIBE}
+    assert describes == {(ResourceType.GROUP, "tidegate-workers")}
 
 
 def test_prune_takes_away_a_grant_the_table_no_longer_has(stack: Stack, admin: AdminClient) -> None:

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 
 from tests.integration.dlq.dlq_fixtures import DlqStack, read_all
 from tidegate.core.errors import InvalidInputError, ModelExecutionError
-from tidegate.gateway.authn import INSECURE, Authenticator, install_authenticator
-from tidegate.gateway.dlq_api import DlqService, install_dlq
+from tidegate.gateway.admin.dlq_api import DlqService, install_dlq
+from tidegate.gateway.auth.authn import INSECURE, Authenticator, install_authenticator
 from tidegate.gateway.problems import PROBLEM_JSON
 
 

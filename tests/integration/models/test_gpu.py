@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from torch import nn
 
 from tests.unit.models.tiny_store import build_tiny_store, put_module
+from tidegate.agents.gpu_metrics import nvml_collector
 from tidegate.models.model_settings import ModelSettings
 from tidegate.models.runtime import load_package
 from tidegate.models.runtime.device import CUDA_PROVIDER
@@ -143,3 +144,18 @@ def test_onnxruntime_gpu_is_the_only_onnxruntime() -> None:
         "onnxruntime and onnxruntime-gpu share the onnxruntime module: uninstall both and "
         "install onnxruntime-gpu alone (docs/gpu.md)"
     )
+
+
+@unless(cuda_available(), NO_CUDA)
+def test_nvml_reports_each_cuda_device_on_the_workers_metrics() -> None:
+    collector = nvml_collector()
+    assert collector is not None, "CUDA is here, so NVML should be: is nvidia-ml-py installed?"
+    try:
+        samples = [s for family in collector.collect() for s in family.samples]
+    finally:
+        collector.close()
+    busy = [s.value for s in samples if s.name == "tidegate_worker_gpu_utilisation_ratio"]
+    assert len(busy) == torch.cuda.device_count()
+    assert all(0.0 <= value <= 1.0 for value in busy)
+    total = [s.value for s in samples if s.name == "tidegate_worker_gpu_memory_total_bytes"]
+    assert all(value > 2**30 for value in total)

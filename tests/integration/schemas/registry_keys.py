@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from tests.support import unique
 from tidegate.core.db import make_pool
 from tidegate.core.settings import PostgresSettings
-from tidegate.gateway.api_keys import KeyStore
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.api_keys import KeyStore
+from tidegate.gateway.auth.identity import Grant
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 
 __all__ = ["basic_auth", "issue_key", "revoke_key"]

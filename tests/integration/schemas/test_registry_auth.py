@@ -1,4 +1,4 @@
-"""The local stack's schema registry authenticates every caller (issue 20, finding 7): the held-out
+"""The local stack's schema registry authenticates every caller (docs/security.md): the held-out
 probe's anonymous register, delete and compatibility change are refused, registering needs
 `deploy` and deleting or changing compatibility `admin`, and the stack's own processes get in
 with the key `make up` made for them."""

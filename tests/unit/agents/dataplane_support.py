@@ -28,6 +28,7 @@ from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.lifecycle.domain.state import ModelState, fold
 from tidegate.models.manifest import ModelPackage
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.records import ErrorRecord, RequestRecord, ResultRecord
 from tidegate.schemas.signature import Signature, TensorSpec
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "FakeRuntime",
     "Reports",
     "Tables",
+    "error_of",
     "fraud_table",
     "lifecycle_state",
     "lifecycle_table",
@@ -176,7 +178,7 @@ def task(
     key: str | None = None,
 ) -> InferenceTask:
     values = features if features is not None else [1.0, 2.0, 3.0, 4.0]
-    request: dict[str, Any] = {
+    request: RequestRecord = {
         "request_id": rid,
         "model": model,
         "model_version": version,
@@ -193,8 +195,9 @@ def task(
         ],
         "outputs": outputs or [],
         "parameters": {},
-        "deadline": deadline_ms,
-        "created_at": time.time() * 1000.0 - 5.0,
+        # timestamp-millis are whole milliseconds.
+        "deadline": None if deadline_ms is None else int(deadline_ms),
+        "created_at": int(time.time() * 1000.0) - 5,
         "reply_to": None,
     }
     return InferenceTask(request, source={"topic": "req", "partition": 3, "offset": 42})
@@ -206,5 +209,12 @@ async def until(probe: Callable[[], object], limit_s: float = 5.0) -> None:
     await eventually(probe, timeout=limit_s, interval=0.005)
 
 
-async def run(service: InferenceService, tasks: list[InferenceTask]) -> list[dict[str, Any]]:
+async def run(service: InferenceService, tasks: list[InferenceTask]) -> list[ResultRecord]:
     return await service.process(tasks, [1.5] * len(tasks))
+
+
+def error_of(result: ResultRecord) -> ErrorRecord:
+    """The error of a result that must carry one."""
+    error = result.get("error")
+    assert error is not None, f"result {result['request_id']} carries no error"
+    return error

@@ -12,6 +12,7 @@ from tidegate.agents.kafka_io.delivery import Ack
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelExecutionError, UnknownSchemaError, WireFormatError
 from tidegate.core.settings import TopicSettings
+from tidegate.schemas.records import ReplyToRecord, RequestRecord, ResultRecord
 
 __all__ = ["TOPICS", "Message", "Publisher", "decode", "handler", "request"]
 
@@ -51,11 +52,11 @@ class Publisher:
     topics = TOPICS
 
     def __init__(self) -> None:
-        self.results: list[dict[str, Any]] = []
+        self.results: list[ResultRecord] = []
         self.letters: list[tuple[str, dict[str, Any]]] = []
         self.pending: list[Ack] = []
 
-    def encode_result(self, result: dict[str, Any]) -> bytes:
+    def encode_result(self, result: ResultRecord) -> bytes:
         self.results.append(result)
         return str(result["request_id"]).encode()
 
@@ -63,7 +64,7 @@ class Publisher:
         self,
         value: bytes,
         key: bytes | None,
-        reply_to: Any,
+        reply_to: ReplyToRecord | None,
         ack: Ack,
         headers: Any = None,
         *,
@@ -85,7 +86,7 @@ class Publisher:
             ack(None, None)  # type: ignore[arg-type]
 
 
-def request(rid: str, data: bytes | None = None) -> dict[str, Any]:
+def request(rid: str, data: bytes | None = None) -> RequestRecord:
     return {
         "request_id": rid,
         "model": "fraud",
@@ -103,7 +104,7 @@ def request(rid: str, data: bytes | None = None) -> dict[str, Any]:
     }
 
 
-def decode(data: bytes | None, ctx: Any = None) -> dict[str, Any]:
+def decode(data: bytes | None, ctx: Any = None) -> RequestRecord:
     """`b"rid"` decodes, `b"short:rid"` has a truncated tensor, anything with `!` is garbage."""
     text = (data or b"").decode()
     if "!" in text:
@@ -115,8 +116,8 @@ def decode(data: bytes | None, ctx: Any = None) -> dict[str, Any]:
     return request(text)
 
 
-async def handler(tasks: Sequence[InferenceTask], waits: Sequence[float]) -> list[dict[str, Any]]:
-    out = []
+async def handler(tasks: Sequence[InferenceTask], waits: Sequence[float]) -> list[ResultRecord]:
+    out: list[ResultRecord] = []
     for task in tasks:
         if task.rejection is not None:
             out.append(error_result(task, task.rejection, worker_id="w"))

@@ -14,6 +14,7 @@ from tests.unit.agents.dataplane_support import (
     FakeRuntime,
     Reports,
     Tables,
+    error_of,
     lifecycle_table,
     registered,
     run,
@@ -143,7 +144,7 @@ async def test_without_a_fallback_an_open_version_answers_unavailable_at_once() 
     results = await run(s.service, [task(f"r{i}") for i in range(3)])
     assert len(s.fraud.calls) == calls
     assert [r["status"] for r in results] == ["UNAVAILABLE"] * 3
-    error = results[0]["error"]
+    error = error_of(results[0])
     assert (error["code"], error["retriable"]) == ("UNAVAILABLE", True)
     assert "circuit breaker is open" in error["message"]
     # When probes go again, for the retry not to be spent before then.
@@ -241,7 +242,7 @@ async def test_a_timed_out_batch_is_one_failure_since_one_input_may_have_hung_it
     s.service.timeout_s = lambda model: 0.01
     for i in range(5):
         results = await run(s.service, [task(f"h{i}-{j}") for j in range(5)])
-        assert {r["error"]["code"] for r in results} == {"MODEL_TIMEOUT"}
+        assert {error_of(r)["code"] for r in results} == {"MODEL_TIMEOUT"}
     # 25 requests timed out in 5 calls: 5 failures, below the minimum of 20.
     assert s.board.state("fraud", "1") == "closed"
     for i in range(15):

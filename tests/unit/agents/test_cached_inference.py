@@ -5,7 +5,6 @@ part of the key, opt-in per model, and a failing Redis only means computing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from tests.unit.agents.dataplane_support import Tables, fraud_table, make_service, manager, task
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
@@ -14,6 +13,7 @@ from tidegate.agents.stages.cached_inference import CachedInference
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.cache_settings import PredictionCacheSettings
 from tidegate.lifecycle.domain import events as ev
+from tidegate.schemas.records import ResultRecord
 
 SETTINGS = PredictionCacheSettings(models=frozenset({"fraud"}), ttl_s=60, key_prefix="t:")
 
@@ -32,7 +32,7 @@ def cached(
     )
 
 
-async def run(stage: CachedInference, tasks: list[InferenceTask]) -> list[dict[str, Any]]:
+async def run(stage: CachedInference, tasks: list[InferenceTask]) -> list[ResultRecord]:
     return await stage.process(tasks, [1.5] * len(tasks))
 
 
@@ -51,6 +51,7 @@ async def test_a_repeated_request_is_answered_from_the_cache_without_the_model()
     assert hit["request_id"] == "b"
     assert hit["status"] == "OK"
     assert hit["model_version"] == "1"
+    assert hit["routing_rule"] is not None
     assert hit["routing_rule"].startswith(("split@", "warming-fallback@"))
     assert hit["outputs"] == [{**output, "parameters": {}} for output in first[0]["outputs"]]
 
@@ -174,7 +175,7 @@ class FallbackService:
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
-    ) -> list[dict[str, Any]]:
+    ) -> list[ResultRecord]:
         results = await self.service.process(tasks, waits_ms)
         return [{**r, "routing_rule": "fallback:breaker-open@fraud/1"} for r in results]
 

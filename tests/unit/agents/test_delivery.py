@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from tests.unit.agents.dataplane_support import until
+from tests.unit.agents.dataplane_support import error_of, until
 from tests.unit.agents.delivery_support import TOPICS, Message, Publisher, decode, handler
 from tidegate.agents.inference.batching import KeyedBatcher
 from tidegate.agents.kafka_io.failures import default_router
@@ -21,6 +21,7 @@ from tidegate.agents.tasks.decoding import RequestDecoder
 from tidegate.core.errors import ModelExecutionError, WireFormatError
 from tidegate.core.sticky import StickyPartitions
 from tidegate.dlq.envelopes import dead_letter, error_info
+from tidegate.schemas.records import ReplyToRecord
 
 
 class Lane:
@@ -140,7 +141,7 @@ async def test_a_tensor_not_fitting_its_shape_is_poison_and_answered_invalid() -
     await until(lambda: len(publisher.results) == 2)
     bad, good = publisher.results
     assert bad["status"] == "INVALID"
-    assert bad["error"]["field"] == "features"
+    assert error_of(bad)["field"] == "features"
     assert good["status"] == "OK"
     ((topic, envelope),) = publisher.letters
     assert topic == TOPICS.poison
@@ -229,7 +230,11 @@ async def test_closing_abandons_what_is_not_delivered() -> None:
     slot = lane.pipe.accept(Message(0, b"r0"))
     assert slot is not None
     lane.pipe.close()
-    hand_over([slot], [{"status": "OK"}], worker_id="w")
+    hand_over(
+        [slot],
+        [{"request_id": "r0", "model": "fraud", "status": "OK", "completed_at": 0}],
+        worker_id="w",
+    )
     lane.sink.flush()
     assert publisher.results == [], "a result of a closed partition was published"
     assert lane.tracker.committable() is None
@@ -313,7 +318,7 @@ def test_results_without_a_routing_key_share_a_sticky_partition() -> None:
     publisher.start()
     # A stopped clock: the test, not the host's speed, decides that all fall in one window.
     publisher._sticky = StickyPartitions(0.01, clock=lambda: 1.0)
-    reply = {"topic": "replies", "partition": 5}
+    reply: ReplyToRecord = {"topic": "replies", "partition": 5}
     for i in range(20):
         publisher.result(b"v", f"r-{i}".encode(), reply, None, keyed=False)
     publisher.result(b"v", b"card-1", None, None, keyed=True)

@@ -10,13 +10,21 @@ from typing import Any
 
 import numpy as np
 
-from tests.unit.agents.dataplane_support import Tables, fraud_table, make_service, manager, task
+from tests.unit.agents.dataplane_support import (
+    Tables,
+    error_of,
+    fraud_table,
+    make_service,
+    manager,
+    task,
+)
 from tests.unit.agents.redis_fake import FakeRedis, as_redis
 from tidegate.agents.inference.inference_service import InferenceService
 from tidegate.agents.stages.enrichment import Enrichment
 from tidegate.agents.stages.feature_settings import FeatureSettings
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.lifecycle.domain import events as ev
+from tidegate.schemas.records import ResultRecord
 from tidegate.schemas.tensors import to_numpy
 
 FEATURES = ("amount", "age", "hour", "risk")
@@ -51,11 +59,11 @@ def put(redis: FakeRedis, entity: str, values: list[float], at: int = 1_700_000_
     redis.hashes[f"f:{entity}"] = {**row, "_updated_at": str(at).encode()}
 
 
-async def run(stage: Enrichment, tasks: list[InferenceTask]) -> list[dict[str, Any]]:
+async def run(stage: Enrichment, tasks: list[InferenceTask]) -> list[ResultRecord]:
     return await stage.process(tasks, [1.5] * len(tasks))
 
 
-def probabilities(result: dict[str, Any]) -> Any:
+def probabilities(result: ResultRecord) -> Any:
     return to_numpy(next(o for o in result["outputs"] if o["name"] == "probabilities"))
 
 
@@ -104,8 +112,8 @@ async def test_a_missing_entity_is_invalid_input_without_compute() -> None:
     )
     missing, found = results
     assert missing["status"] == "INVALID"
-    assert missing["error"]["code"] == "INVALID_INPUT"
-    assert "ghost" in missing["error"]["message"]
+    assert error_of(missing)["code"] == "INVALID_INPUT"
+    assert "ghost" in error_of(missing)["message"]
     assert missing["model_version"] == "1"
     assert found["status"] == "OK"
     assert runtimes["1"].calls == [1]
@@ -120,8 +128,8 @@ async def test_a_missing_or_non_numeric_feature_is_invalid_input_naming_it() -> 
         enriching(service, redis), [by_entity("a", "partial"), by_entity("b", "text")]
     )
     assert partial["status"] == text["status"] == "INVALID"
-    assert "'risk'" in partial["error"]["message"]
-    assert "'age'" in text["error"]["message"]
+    assert "'risk'" in error_of(partial)["message"]
+    assert "'age'" in error_of(text)["message"]
     assert partial["features_at"] is None
 
 
@@ -131,7 +139,7 @@ async def test_an_unreachable_store_is_unavailable_so_the_request_is_retried() -
     redis.down = True
     results = await run(enriching(service, redis), [by_entity("a", "u1"), task("b")])
     assert [r["status"] for r in results] == ["UNAVAILABLE", "OK"]
-    assert results[0]["error"]["retriable"] is True
+    assert error_of(results[0])["retriable"] is True
     assert runtimes["1"].calls == [1]
 
 
@@ -155,7 +163,7 @@ async def test_a_declaration_that_does_not_fit_the_signature_is_an_error() -> No
     settings = FeatureSettings(declared={"fraud": {"features": ("a",)}}, key_prefix="f:")
     (result,) = await run(enriching(service, redis, settings), [by_entity("r", "u1")])
     assert result["status"] == "ERROR"
-    assert "'features'" in result["error"]["message"]
+    assert "'features'" in error_of(result)["message"]
 
 
 async def test_routing_that_moves_to_a_version_with_other_features_is_retried() -> None:
@@ -175,14 +183,14 @@ async def test_routing_that_moves_to_a_version_with_other_features_is_retried() 
 
     async def warm_then_process(
         tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
-    ) -> list[dict[str, Any]]:
+    ) -> list[ResultRecord]:
         await manager(service).cache.get("fraud", "2")
         return await original(tasks, waits_ms)
 
     service.process = warm_then_process  # type: ignore[method-assign]
     (result,) = await run(stage, [by_entity("r", "u1")])
     assert result["status"] == "UNAVAILABLE"
-    assert "routing moved" in result["error"]["message"]
+    assert "routing moved" in error_of(result)["message"]
 
 
 async def test_requests_without_an_entity_pass_through_untouched() -> None:

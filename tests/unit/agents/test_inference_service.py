@@ -17,6 +17,7 @@ import pytest
 
 from tests.unit.agents.dataplane_support import (
     POISON,
+    error_of,
     fraud_table,
     lifecycle_table,
     make_service,
@@ -67,7 +68,7 @@ async def test_requested_outputs_are_the_only_ones_returned() -> None:
     assert [o["name"] for o in result["outputs"]] == ["score"]
     (bad,) = await run(service, [task("b", outputs=["logits"])])
     assert bad["status"] == "INVALID"
-    assert bad["error"]["field"] == "logits"
+    assert error_of(bad)["field"] == "logits"
 
 
 @pytest.mark.parametrize(
@@ -85,9 +86,9 @@ async def test_inputs_not_matching_the_signature_are_invalid_without_compute(
     good, bad = await run(service, [task("ok"), task("bad", **options)])
     assert good["status"] == "OK"
     assert bad["status"] == "INVALID"
-    assert bad["error"]["code"] == "INVALID_INPUT"
-    assert bad["error"]["error_class"] == "InvalidInputError"
-    assert bad["error"]["field"] == field
+    assert error_of(bad)["code"] == "INVALID_INPUT"
+    assert error_of(bad)["error_class"] == "InvalidInputError"
+    assert error_of(bad)["field"] == field
     assert runtimes["1"].calls == [1]
 
 
@@ -98,8 +99,8 @@ async def test_unknown_models_and_versions_are_not_found_without_compute() -> No
     )
     assert [r["status"] for r in results] == ["NOT_FOUND"] * 3
     assert [r["model_version"] for r in results] == [None] * 3
-    assert results[0]["error"]["code"] == "NOT_FOUND"
-    assert "retired" in results[2]["error"]["message"]
+    assert error_of(results[0])["code"] == "NOT_FOUND"
+    assert "retired" in error_of(results[2])["message"]
     assert runtimes["1"].calls == []
     assert runtimes["2"].calls == []
 
@@ -135,7 +136,7 @@ async def test_a_request_past_its_deadline_is_answered_without_compute() -> None
         service, [task("late", deadline_ms=past), task("ok", deadline_ms=future)]
     )
     assert late["status"] == "DEADLINE_EXCEEDED"
-    assert late["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert error_of(late)["code"] == "DEADLINE_EXCEEDED"
     assert late["outputs"] == []
     assert timely["status"] == "OK"
     assert runtimes["1"].calls == [1]
@@ -152,7 +153,7 @@ async def test_a_request_whose_deadline_passes_during_the_call_is_not_computed()
         service, [task("soon", deadline_ms=soon), task("ok", deadline_ms=later)]
     )
     assert late["status"] == "DEADLINE_EXCEEDED"
-    assert "less than the model's recent call time" in late["error"]["message"]
+    assert "less than the model's recent call time" in error_of(late)["message"]
     assert timely["status"] == "OK"
     assert runtimes["1"].calls == [1, 1]
 
@@ -165,8 +166,8 @@ async def test_bisection_isolates_one_bad_input_among_eight() -> None:
     assert statuses.pop("r5") == "ERROR"
     assert set(statuses.values()) == {"OK"}
     bad = results[5]
-    assert bad["error"]["code"] == "MODEL_ERROR"
-    assert "-1" in bad["error"]["message"]
+    assert error_of(bad)["code"] == "MODEL_ERROR"
+    assert "-1" in error_of(bad)["message"]
     assert bad["model_version"] == "1"
     assert bad["outputs"] == []
     # 8 fails; 4 pass; 4 fail; of those, 2 fail (1 passes, 1 fails) and 2 pass.
@@ -180,7 +181,7 @@ async def test_a_wrong_row_count_fails_every_member_without_bisecting() -> None:
     service, runtimes = make_service(drop_row=True)
     results = await run(service, [task(f"r{i}") for i in range(4)])
     assert [r["status"] for r in results] == ["ERROR"] * 4
-    assert all("rows" in r["error"]["message"] for r in results)
+    assert all("rows" in error_of(r)["message"] for r in results)
     assert runtimes["1"].calls == [4]
 
 
@@ -188,7 +189,7 @@ async def test_an_unavailable_model_answers_unavailable_without_bisecting() -> N
     service, runtimes = make_service(unavailable=True)
     results = await run(service, [task(f"r{i}") for i in range(4)])
     assert [r["status"] for r in results] == ["UNAVAILABLE"] * 4
-    assert results[0]["error"]["retriable"] is True
+    assert error_of(results[0])["retriable"] is True
     assert runtimes["1"].calls == [4]
 
 
@@ -198,7 +199,7 @@ async def test_a_rejected_request_is_invalid_and_its_batch_mates_are_served() ->
     rejected.rejection = InvalidInputError("tensor 'features' needs 16 bytes, got 3", "features")
     results = await run(service, [rejected, task("good")])
     assert [r["status"] for r in results] == ["INVALID", "OK"]
-    assert results[0]["error"]["field"] == "features"
+    assert error_of(results[0])["field"] == "features"
     assert runtimes["1"].calls == [1]
 
 

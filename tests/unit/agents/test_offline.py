@@ -15,6 +15,7 @@ from tidegate.dlq.envelopes import source_position
 from tidegate.dlq.replay_reader import SourceRecord
 from tidegate.models.manifest import ModelPackage
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.records import RequestRecord, Timestamp
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import to_numpy
 
@@ -40,11 +41,13 @@ class Scaled(ModelRuntime):
         return {"probabilities": (x * self.factor).astype(np.float32)}
 
 
-def record(rid: str, offset: int, **extra: Any) -> SourceRecord:
-    request = {
+def record(
+    rid: str, offset: int, *, model_version: str | None = None, deadline: Timestamp | None = None
+) -> SourceRecord:
+    request: RequestRecord = {
         "request_id": rid,
         "model": "m",
-        "model_version": None,
+        "model_version": model_version,
         "tenant": "default",
         "routing_key": None,
         "inputs": [
@@ -58,8 +61,9 @@ def record(rid: str, offset: int, **extra: Any) -> SourceRecord:
         ],
         "outputs": [],
         "created_at": datetime.now(UTC),
-        **extra,
     }
+    if deadline is not None:
+        request["deadline"] = deadline
     position = source_position("requests", 0, offset)
     return SourceRecord(position, None, b"", [], None, request, None, position)
 

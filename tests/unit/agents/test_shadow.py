@@ -36,6 +36,7 @@ from tidegate.core.errors import ModelExecutionError
 from tidegate.lifecycle.domain import events as ev
 from tidegate.models.manifest import Manifest, ModelPackage
 from tidegate.models.runtime.contract import Arrays, ModelRuntime
+from tidegate.schemas.records import ResultRecord
 from tidegate.schemas.signature import Signature, TensorSpec
 
 Record = dict[str, Any]
@@ -253,7 +254,7 @@ async def test_a_shadow_starts_only_after_the_primary_results_are_handed_over() 
     async with Shadowed() as s:
         s.candidate.gate = asyncio.Event()  # the candidate never finishes until the end
         outbox = Outbox()
-        queue: BatchQueue[InferenceTask, Record] = BatchQueue(
+        queue: BatchQueue[InferenceTask, ResultRecord] = BatchQueue(
             s.service.process, outbox, max_batch_size=4, max_batch_delay_ms=1
         )
         queue.start()
@@ -265,7 +266,7 @@ async def test_a_shadow_starts_only_after_the_primary_results_are_handed_over() 
         for future in futures:
             future.add_done_callback(lambda _f: seen_by_consumer.append(len(s.candidate.calls)))
         results = await asyncio.wait_for(asyncio.gather(*futures), 2.0)
-        assert [cast(Record, r)["status"] for r in results] == ["OK"] * 4
+        assert [cast(ResultRecord, r)["status"] for r in results] == ["OK"] * 4
         assert seen_by_consumer == [0, 0, 0, 0], "the candidate ran before results were out"
         await until(lambda: s.candidate.calls)
         assert s.runner.in_flight == 1

@@ -14,6 +14,7 @@ from tests.unit.agents.delivery_support import TOPICS, request
 from tidegate.agents.kafka_io.offsets import OffsetTracker
 from tidegate.agents.kafka_io.sinks import SinkEntry, TransactionalSink
 from tidegate.agents.tasks.inference_task import InferenceTask
+from tidegate.schemas.records import ResultRecord
 
 
 class TxnProducer:
@@ -58,7 +59,7 @@ class Publisher:
     def __init__(self, producer: TxnProducer) -> None:
         self.producer = producer
 
-    def encode_result(self, result: dict[str, Any]) -> bytes:
+    def encode_result(self, result: ResultRecord) -> bytes:
         return str(result["request_id"]).encode()
 
     def result(
@@ -107,9 +108,13 @@ class Harness:
     def add(self, offset: int) -> None:
         self.tracker.consumed(offset)
         task = InferenceTask(request(f"r{offset}"))
-        self.sink.add(
-            SinkEntry(self.tracker, offset, b"k", result={"request_id": f"r{offset}"}, task=task)
-        )
+        result: ResultRecord = {
+            "request_id": f"r{offset}",
+            "model": "fraud",
+            "status": "OK",
+            "completed_at": 0,
+        }
+        self.sink.add(SinkEntry(self.tracker, offset, b"k", result=result, task=task))
         self.tracker.done(offset)  # the processing token, as a partition hands the result over
 
     def produced(self) -> list[bytes]:

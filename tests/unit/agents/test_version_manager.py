@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
+import pytest
 
 from tests.unit.agents.dataplane_support import (
     SIGNATURE,
@@ -21,6 +23,7 @@ from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference.inference_service import InferenceService
 from tidegate.agents.inference.loaded import LoadedModel, ModelCache
 from tidegate.agents.inference.version_manager import Report, VersionManager
+from tidegate.core.errors import ModelUnavailableError
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.models.manifest import ModelPackage
@@ -30,8 +33,10 @@ WORKER = "w-test"
 
 
 class Runtime(ModelRuntime):
-    def __init__(self) -> None:
+    def __init__(self, mib: int = 0) -> None:
         self.unloaded = False
+        # Written, so that its pages are resident: the process's RSS grows by about `mib`.
+        self.ballast: npt.NDArray[Any] | None = np.ones(mib * 2**20, np.uint8) if mib else None
 
     async def load(self, package: ModelPackage) -> None:
         """Nothing to load."""
@@ -42,13 +47,15 @@ class Runtime(ModelRuntime):
 
     async def on_unload(self) -> None:
         self.unloaded = True
+        self.ballast = None
 
 
 class Loader:
     """Loads fake versions; a version with a gate waits for it (a slow fetch and warm-up)."""
 
-    def __init__(self, broken: set[str] | None = None) -> None:
+    def __init__(self, broken: set[str] | None = None, mib: int = 0) -> None:
         self.broken = broken or set()
+        self.mib = mib
         self.gates: dict[str, asyncio.Event] = {}
         self.loads: list[str] = []
         self.runtimes: dict[str, Runtime] = {}
@@ -60,7 +67,7 @@ class Loader:
             await gate.wait()
         if version in self.broken:
             raise OSError(f"the artifact of {version} is corrupt")
-        runtime = self.runtimes[version] = Runtime()
+        runtime = self.runtimes[version] = Runtime(self.mib)
         return LoadedModel(name, version, SIGNATURE, runtime)
 
 
@@ -72,6 +79,10 @@ class Harness:
         report: Report | None = None,
         retry_after_s: float = 30.0,
         retry_loads_s: float = 10.0,
+        pool: str | None = None,
+        budget_mib: int | None = None,
+        busy_s: float = 0.0,
+        leave_idle_s: float = 0.0,
         **loader: Any,
     ) -> None:
         self.loader = Loader(**loader)
@@ -87,6 +98,10 @@ class Harness:
             unload_grace_s=0.0,
             retry_report_s=0.05,
             retry_loads_s=retry_loads_s,
+            pool=pool,
+            budget_bytes=budget_mib * 2**20 if budget_mib else None,
+            busy_s=busy_s,
+            leave_idle_s=leave_idle_s,
         )
 
     def use(self, *payloads: ev.Payload) -> None:
@@ -184,6 +199,93 @@ async def test_an_explicit_old_version_is_loaded_for_the_request_that_asks() -> 
     await run(service, [task("c", version="3")])
     assert cold._value.get() == before + 1
     await until(lambda: ("3", "") in h.reported(ev.VersionLoaded))
+    await h.manager.stop()
+
+
+async def test_a_pool_worker_keeps_only_its_pools_models_loaded() -> None:
+    h = Harness(*BASE, pool="tabular")
+    await h.manager.start(["fraud"])
+    assert h.loaded() == set(), "fraud is in the default pool, not this worker's"
+    h.change(*BASE, ev.PoolAssigned("tabular"))
+    await until(lambda: h.loaded() == {"1"})
+    await until(lambda: h.reported(ev.VersionLoaded) == [("1", "")])
+    # Moved to another pool: its workers load it, and this one unloads it at once.
+    h.change(*BASE, ev.PoolAssigned("tabular"), ev.PoolAssigned("vision"))
+    assert h.loaded() == set()
+    await until(lambda: h.reported(ev.VersionUnloaded) == [("1", "placed in vision")])
+    # A request routed before the move is still served: its version loads cold.
+    assert (await h.manager.get("fraud", "1")).version == "1"
+    await h.manager.stop()
+
+
+async def test_a_model_moved_away_stays_loaded_while_its_requests_drain_here() -> None:
+    h = Harness(
+        *BASE, ev.PoolAssigned("tabular"), pool="tabular", retry_loads_s=0.05, leave_idle_s=0.3
+    )
+    await h.manager.start(["fraud"])
+    await h.manager.get("fraud", "1")  # a request of the model's, just now
+    h.change(*BASE, ev.PoolAssigned("tabular"), ev.PoolAssigned("vision"))
+    assert h.loaded() == {"1"}, "a model in use is not unloaded under its last requests"
+    # Its requests left in this pool's topics are served warm, and keep it loaded.
+    for _ in range(3):
+        await asyncio.sleep(0.1)  # requests arriving while the old pool drains
+        assert (await h.manager.get("fraud", "1")).version == "1"
+        assert h.loaded() == {"1"}
+    assert h.loader.loads == ["1"], "no cold load while it drains"
+    # Idle past `leave_idle_s`: the periodic reconcile unloads it.
+    await until(lambda: h.reported(ev.VersionUnloaded) == [("1", "placed in vision")])
+    assert h.loaded() == set()
+    await h.manager.stop()
+
+
+async def test_a_default_pool_worker_lets_a_model_placed_elsewhere_go() -> None:
+    h = Harness(*BASE)
+    await h.manager.start(["fraud"])
+    assert h.loaded() == {"1"}
+    h.change(*BASE, ev.PoolAssigned("tabular"))
+    assert h.loaded() == set()
+    await until(lambda: h.reported(ev.VersionUnloaded) == [("1", "placed in tabular")])
+    await h.manager.stop()
+
+
+async def test_a_memory_budget_evicts_idle_versions_unwanted_first_as_measured() -> None:
+    # Each version takes 40 MiB of resident memory; the budget (less 5%) holds two.
+    h = Harness(*BASE, ev.ShadowStarted("2"), budget_mib=100, mib=40)
+    evicted = metrics.EVICTIONS.labels("fraud", "3", "memory")
+    before = evicted._value.get()
+    await h.manager.start(["fraud"])
+    assert h.loaded() == {"1", "2"}
+    measured = h.manager.loaded_bytes()
+    assert 70 * 2**20 < measured <= 95 * 2**20, "each load counts as its measured RSS growth"
+    # Room for 3 only by evicting a wanted version: a request waits on it, so one goes.
+    await h.manager.get("fraud", "3")
+    assert h.loaded() == {"2", "3"}, "1 was the least recently used"
+    await h.manager.get("fraud", "4")  # 3 is unwanted: it goes before wanted 2
+    assert h.loaded() == {"2", "4"}
+    assert evicted._value.get() == before + 1
+    assert h.manager.loaded_bytes() <= 95 * 2**20
+    await until(lambda: ("3", "evicted: memory budget") in h.reported(ev.VersionUnloaded))
+    # The evicted versions' runtimes are released (their memory with them).
+    await until(lambda: h.loader.runtimes["3"].unloaded and h.loader.runtimes["1"].unloaded)
+    await h.manager.stop()
+
+
+async def test_wanted_versions_past_the_budget_load_on_demand_not_at_start() -> None:
+    h = Harness(*BASE, ev.ShadowStarted("2"), ev.ShadowStarted("3"), budget_mib=100, mib=40)
+    await h.manager.start(["fraud"])
+    assert len(h.loaded()) == 2, "a third wanted version does not fit; it waits for a request"
+    assert h.reported(ev.VersionUnloaded) == []
+    await h.manager.stop()
+
+
+async def test_a_version_in_use_is_never_evicted_for_another() -> None:
+    h = Harness(*BASE, budget_mib=100, mib=40, busy_s=60.0)
+    await h.manager.start(["fraud"])
+    await h.manager.get("fraud", "2")
+    with pytest.raises(ModelUnavailableError, match="memory budget"):
+        await h.manager.get("fraud", "3")
+    assert h.loaded() == {"1", "2"}
+    assert "3" not in h.loader.loads
     await h.manager.stop()
 
 

@@ -34,6 +34,7 @@ from tidegate.agents.kafka_io.partition import PartitionPipeline
 from tidegate.core.errors import RegistryUnavailableError
 from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings
+from tidegate.schemas.records import RequestRecord, ResultRecord
 
 
 class FlakyDecode:
@@ -43,7 +44,7 @@ class FlakyDecode:
         self.unreachable = set(unreachable)
         self.seen: list[bytes | None] = []
 
-    def __call__(self, data: bytes | None, ctx: Any = None) -> dict[str, Any]:
+    def __call__(self, data: bytes | None, ctx: Any = None) -> RequestRecord:
         self.seen.append(data)
         if data in self.unreachable:
             self.unreachable.discard(data)
@@ -108,7 +109,7 @@ async def test_one_batch_mixes_the_requests_of_many_partitions_and_each_keeps_it
     consumer = FakeConsumer(unique("requests"))
     batches: list[list[str]] = []
 
-    async def recording(tasks: Any, waits: Any) -> list[dict[str, Any]]:
+    async def recording(tasks: Any, waits: Any) -> list[ResultRecord]:
         batches.append([task.request_id for task in tasks])
         return await delivery.handler(tasks, waits)
 

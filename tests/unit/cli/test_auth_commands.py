@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tidegate.cli import app
 from tidegate.cli.auth_commands import parse_expiry, parse_grant
 from tidegate.cli.lifecycle_session import ACTOR_ENV, actor
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.identity import Grant
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -149,6 +149,14 @@ def test_a_failing_child_is_restarted_in_its_slot_with_growing_delays(tmp_path: 
             timeout=20,
             what="5 starts of the failing child",
         )
+        # The 5th child fails on its own within 0.1 s of its start: the stop must come while the
+        # slot waits for its restart (0.8 s), not while that child still runs.
+        wait_for(
+            lambda: supervisor.pids()[0] is None,
+            timeout=20,
+            interval=0.02,
+            what="the failing slot waiting for its restart",
+        )
         serving.append(supervisor.pids()[1])
         os.kill(os.getpid(), signal.SIGTERM)
 

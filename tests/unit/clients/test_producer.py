@@ -14,12 +14,13 @@ from tidegate.clients.jsonl import parse_line
 from tidegate.clients.producer import TidegateProducer, build_request, request_key
 from tidegate.core.errors import ConfigurationError, InvalidInputError
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
+from tidegate.schemas.records import RequestRecord
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
 REQUEST_SCHEMA = load_schema(INFERENCE_REQUEST).parsed
 
 
-def encodes(record: dict[str, object]) -> None:
+def encodes(record: RequestRecord) -> None:
     fastavro.schemaless_writer(io.BytesIO(), REQUEST_SCHEMA, record)
 
 
@@ -52,7 +53,10 @@ def test_build_request_from_tensor_records_and_relative_deadline() -> None:
     encodes(record)
     assert record["inputs"] == [tensor]
     assert record["model_version"] == "1"
-    assert (record["deadline"] - record["created_at"]) == timedelta(seconds=5)
+    deadline, created_at = record["deadline"], record["created_at"]
+    assert isinstance(deadline, datetime)
+    assert isinstance(created_at, datetime)
+    assert (deadline - created_at) == timedelta(seconds=5)
     assert request_key(record) == b"r-1", "no routing key: keyed by request id"
 
 

@@ -53,9 +53,12 @@ def writers(topic: str) -> set[Component]:
 
 
 def test_a_producer_sends_requests_reads_results_and_nothing_else() -> None:
-    assert allowed(Component.PRODUCER, "WRITE") == {"rq", "rq-batch"}
+    # Requests, to the default pool's topics and to every pool's (by prefix).
+    assert allowed(Component.PRODUCER, "WRITE") == {"rq", "rq-batch", "rq.*", "rq-batch.*"}
     assert allowed(Component.PRODUCER, "READ") == {"rs"}
     assert allowed(Component.PRODUCER, "READ", "group") == {"tidegate-producer-*"}
+    # The workers' committed offsets, for a moving model's order; never their membership.
+    assert allowed(Component.PRODUCER, "DESCRIBE", "group") == {"wg*"}
     assert not allowed(Component.PRODUCER, "WRITE", "transactional_id")
 
 

@@ -23,6 +23,8 @@ import pytest
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
+from tests.support import settings_reference
+
 REPO = Path(__file__).resolve().parents[3]
 VAR_BIN = REPO / "var" / "bin"
 SCHEMAS = REPO / "var" / "schemas"
@@ -66,24 +68,10 @@ def schema_manifest() -> dict[str, Any]:
 
 @cache
 def settings_classes() -> dict[str, type[BaseSettings]]:
-    """Every settings class of the code by its env prefix: core/settings.py and *_settings.py."""
-    modules = ["tidegate.core.settings"] + [
-        f"tidegate.{path.relative_to(REPO).with_suffix('').as_posix().replace('/', '.')}"
-        for package in PACKAGES
-        for path in sorted((REPO / package).rglob("*_settings.py"))
-    ]
-    found: dict[str, type[BaseSettings]] = {}
-    for name in modules:
-        module = importlib.import_module(name)
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, BaseSettings)
-                and value is not BaseSettings
-                and value.__module__ == module.__name__
-            ):
-                found[str(value.model_config.get("env_prefix", ""))] = value
-    return found
+    """Every settings class of the code by its env prefix (as infra/settings_reference.py finds
+    them)."""
+    classes: list[type[BaseSettings]] = settings_reference().settings_classes()
+    return {str(cls.model_config.get("env_prefix", "")): cls for cls in classes}
 
 
 def _owner(variable: str) -> tuple[str, type[BaseSettings]] | None:
@@ -187,6 +175,8 @@ def metric_names() -> frozenset[str]:
     for family in REGISTRY.collect():
         names.update(s.name for s in family.samples)
         names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+    # Registered only on a host with GPUs (NVML), which this one is not.
+    names.update(importlib.import_module("tidegate.agents.gpu_metrics").METRICS)
     return frozenset(names)
 
 

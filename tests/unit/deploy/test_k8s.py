@@ -30,7 +30,7 @@ from tests.unit.deploy.deploy_support import (
 from tidegate.cli import app as cli_app
 
 K8S = REPO / "deploy" / "k8s"
-KUSTOMIZATIONS = ["base", "overlays/sasl-ssl"]
+KUSTOMIZATIONS = ["base", "overlays/sasl-ssl", "overlays/pools"]
 SECRET_EXAMPLE = K8S / "secret.example.yaml"
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 (what the gateway must listen on in a pod)
 TMP = "/tmp"  # noqa: S108 (an emptyDir in the pods)
@@ -250,7 +250,8 @@ def test_the_sasl_ssl_overlay_runs_each_component_on_its_own_principal() -> None
 def test_every_pod_reads_the_config_runs_locked_down_and_has_resources(kustomization: str) -> None:
     docs = rendered(kustomization)
     specs = dict(pod_specs(docs))
-    assert set(specs) == {
+    pools = {name for name in specs if name.startswith("tidegate-worker-")}
+    assert set(specs) - pools == {
         "tidegate-gateway",
         "tidegate-worker",
         "tidegate-controller",
@@ -287,7 +288,7 @@ def test_the_probes_use_the_endpoints_the_processes_serve() -> None:
     assert str(port) == data["TIDEGATE_GATEWAY_PORT"]
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    gateway_source = "\n".join(p.read_text() for p in (REPO / "gateway").glob("*.py"))
+    gateway_source = "\n".join(p.read_text() for p in (REPO / "gateway").rglob("*.py"))
     for path in ("/v2/health/ready", "/v2/health/live", "/metrics"):
         assert f'"{path}"' in gateway_source, f"the gateway no longer serves {path}"
 
@@ -351,6 +352,43 @@ def test_keda_scales_workers_on_lag_between_a_warm_pool_and_the_partition_count(
     }.items():
         assert meta[key] == variable
         assert variable in data
+
+
+def test_each_pool_has_its_workers_scaled_on_its_demand_and_its_lag() -> None:
+    from tidegate.core.pools import pool_group, pool_topics
+    from tidegate.core.settings import TopicSettings
+
+    docs = rendered("overlays/pools")
+    data = config(docs)
+    scaled = {doc["spec"]["scaleTargetRef"]["name"]: doc for doc in kind(docs, "ScaledObject")}
+    assert set(scaled) == {"tidegate-worker", "tidegate-worker-tabular"}
+    env = {e["name"]: e.get("value") for e in container(docs, "tidegate-worker-tabular")["env"]}
+    assert env["TIDEGATE_WORKER_POOL"] == "tabular"
+    assert int(env["TIDEGATE_WORKER_MEMORY_BUDGET_MIB"]) * 2**20 < 4 * 2**30  # the memory limit
+    spec = scaled["tidegate-worker-tabular"]["spec"]
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    triggers = {t["type"]: t["metadata"] for t in spec["triggers"]}
+    assert triggers["prometheus"]["query"] == 'max(tidegate_pool_desired_workers{pool="tabular"})'
+    assert triggers["prometheus"]["threshold"] == "1"
+    # The lag trigger names the pool's own topic and group, as the worker derives them.
+    topics = TopicSettings(requests=data["TIDEGATE_TOPICS_REQUESTS"])
+    assert triggers["kafka"]["topic"] == pool_topics(topics, "tabular").requests
+    group = data.get("TIDEGATE_WORKER_GROUP_ID", "tidegate-workers")
+    assert triggers["kafka"]["consumerGroup"] == pool_group(group, "tabular")
+    # The default pool's workers are the base's, untouched; no selector picks the other's pods.
+    assert scaled["tidegate-worker"] == next(d for d in kind(rendered("base"), "ScaledObject")) | {
+        "metadata": scaled["tidegate-worker"]["metadata"]
+    }
+    default, tabular = (
+        named(docs, "Deployment", n)["spec"] for n in ("tidegate-worker", "tidegate-worker-tabular")
+    )
+    assert (
+        not default["selector"]["matchLabels"].items()
+        <= tabular["template"]["metadata"]["labels"].items()
+    )
+    assert {c["image"] for _, spec in pod_specs(docs) for c in spec["containers"]} == {
+        c["image"] for _, spec in pod_specs(rendered("base")) for c in spec["containers"]
+    }
 
 
 def test_the_partition_count_is_the_same_everywhere() -> None:

@@ -53,6 +53,8 @@ AVRO_TYPES: dict[str, Any] = {
     "bool": "boolean",
     "str | None": ["null", "string"],
     "float | None": ["null", "double"],
+    # The one optional int is a size in bytes, which outgrows Avro's 32-bit int.
+    "int | None": ["null", "long"],
     "list[int]": {"type": "array", "items": "int"},
     "dict[str, str]": {"type": "map", "values": "string"},
     "dict[str, int]": {"type": "map", "values": "int"},
@@ -72,9 +74,10 @@ PAYLOADS: list[ev.Payload] = [
     ev.RolledBack("2", "error rate", {"error_rate": 0.2, "p99_ms": 41.0}, to_version="1"),
     ev.Retired("1"),
     ev.RoutingRuleSet("pin-acme", tenant="acme", version="1", weights={}),
-    ev.VersionLoaded("2", "worker-a", load_ms=800.0),
+    ev.VersionLoaded("2", "worker-a", load_ms=800.0, rss_bytes=5 * 2**30, pool="nlp"),
     ev.VersionUnloaded("1", "worker-a", reason="retired"),
     ev.FallbackSet("fraud-lite", reason="lite serves while fraud's breaker is open"),
+    ev.PoolAssigned("nlp", reason="placed by plan"),
 ]
 
 

@@ -29,7 +29,8 @@ def _lowest(requirement: Requirement) -> Version:
 
 
 def test_the_gpu_extra_takes_onnxruntime_gpu_with_its_cuda_wheels_and_the_same_torch() -> None:
-    assert set(GPU) == {"onnxruntime-gpu", "torch"}
+    # nvidia-ml-py: the workers' GPU metrics (NVML), pure Python over the driver's library.
+    assert set(GPU) == {"onnxruntime-gpu", "torch", "nvidia-ml-py"}
     gpu = GPU["onnxruntime-gpu"]
     assert gpu.extras == {"cuda", "cudnn"}, "without them nothing installs CUDA 13 for onnxruntime"
     # The same major version: the runtime's use of onnxruntime is tested on the CPU wheel.

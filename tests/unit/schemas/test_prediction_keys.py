@@ -9,21 +9,28 @@ from typing import Any
 import pytest
 
 from tidegate.schemas.prediction_keys import decode_outputs, encode_outputs, prediction_key
+from tidegate.schemas.records import Datatype, ParameterValue, TensorRecord
 
 
-def tensor(name: str = "x", values: tuple[float, ...] = (1.0, 2.0), **extra: Any) -> dict[str, Any]:
-    record = {
+def tensor(
+    name: str = "x",
+    values: tuple[float, ...] = (1.0, 2.0),
+    *,
+    datatype: Datatype = "FP32",
+    shape: list[int] | None = None,
+    parameters: dict[str, ParameterValue] | None = None,
+) -> TensorRecord:
+    return {
         "name": name,
-        "datatype": "FP32",
-        "shape": [1, len(values)],
+        "datatype": datatype,
+        "shape": [1, len(values)] if shape is None else shape,
         "data": struct.pack(f"<{len(values)}f", *values),
-        "parameters": {},
+        "parameters": {} if parameters is None else parameters,
     }
-    return {**record, **extra}
 
 
 def key(
-    inputs: list[dict[str, Any]] | None = None,
+    inputs: list[TensorRecord] | None = None,
     *,
     version: str = "1",
     outputs: tuple[str, ...] = (),
@@ -65,7 +72,7 @@ def test_tensor_parameters_do_not_change_the_key() -> None:
         [tensor(), tensor("y")],  # one more input
     ],
 )
-def test_anything_about_the_inputs_changes_the_key(other: list[dict[str, Any]]) -> None:
+def test_anything_about_the_inputs_changes_the_key(other: list[TensorRecord]) -> None:
     assert key(other) != key()
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from tidegate.core.errors import InvalidInputError
+from tidegate.schemas.records import Datatype, TensorRecord
 from tidegate.schemas.signature import Signature, TensorSpec, validate_inputs
 from tidegate.schemas.tensors import (
     DATATYPES,
@@ -70,7 +71,7 @@ def test_bytes_layout_is_length_prefixed_and_str_is_utf8() -> None:
     assert datatype_of(np.array(["a", "b"])) == "BYTES"
 
 
-def _record(datatype: str, shape: list[int], data: bytes, name: str = "x") -> dict[str, Any]:
+def _record(datatype: Datatype, shape: list[int], data: bytes, name: str = "x") -> TensorRecord:
     return {"name": name, "datatype": datatype, "shape": shape, "data": data}
 
 
@@ -80,13 +81,14 @@ def _record(datatype: str, shape: list[int], data: bytes, name: str = "x") -> di
         (_record("FP32", [2, 2], b"\x00" * 12), "needs 16 bytes, got 12"),
         (_record("INT64", [3], b"\x00" * 32), "needs 24 bytes, got 32"),
         (_record("FP32", [-1, 2], b""), "negative dimension"),
-        (_record("COMPLEX", [1], b"\x00" * 8), "unsupported datatype"),
+        # Not a V2 datatype: a damaged record, to check that it is refused.
+        (_record(cast("Datatype", "COMPLEX"), [1], b"\x00" * 8), "unsupported datatype"),
         (_record("BYTES", [2], struct.pack("<I", 1) + b"a"), "fewer than 2 elements"),
         (_record("BYTES", [1], struct.pack("<I", 5) + b"ab"), "truncated element"),
         (_record("BYTES", [1], struct.pack("<I", 1) + b"ab"), "1 bytes too many"),
     ],
 )
-def test_data_that_does_not_fit_the_shape_is_refused(record: dict[str, Any], phrase: str) -> None:
+def test_data_that_does_not_fit_the_shape_is_refused(record: TensorRecord, phrase: str) -> None:
     with pytest.raises(InvalidInputError, match=phrase) as caught:
         to_numpy(record)
     assert caught.value.field == "x"

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tidegate.core.errors import InvalidInputError, MalformedRequestError
-from tidegate.gateway.responses import OutputPrefs, v2_response
+from tidegate.gateway.v2api.responses import OutputPrefs, v2_response
+from tidegate.schemas.records import ResultRecord, TensorRecord
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import from_numpy, to_numpy
 from tidegate.schemas.v2 import input_records, parse_request, scalar_parameters
@@ -30,9 +31,7 @@ COUNTS = Signature(
 )
 
 
-def records(
-    body: dict[str, Any], signature: Signature, binary: bytes = b""
-) -> list[dict[str, Any]]:
+def records(body: dict[str, Any], signature: Signature, binary: bytes = b"") -> list[TensorRecord]:
     import json
 
     return input_records(parse_request(json.dumps(body).encode()), BinarySection(binary), signature)
@@ -150,13 +149,14 @@ def test_parameters_forwarded_must_be_scalars() -> None:
     assert field_of(exc) == "parameters.nested"
 
 
-def result(*outputs: dict[str, Any]) -> dict[str, Any]:
+def result(*outputs: TensorRecord) -> ResultRecord:
     return {
         "request_id": "r1",
         "model": "fraud",
         "model_version": "2",
         "status": "OK",
         "outputs": list(outputs),
+        "completed_at": 0,
     }
 
 

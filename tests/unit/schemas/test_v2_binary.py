@@ -10,7 +10,8 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from tidegate.core.errors import MalformedRequestError
-from tidegate.gateway.responses import OutputPrefs, v2_response
+from tidegate.gateway.v2api.responses import OutputPrefs, v2_response
+from tidegate.schemas.records import ResultRecord
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import from_numpy, to_numpy
 from tidegate.schemas.v2 import input_records, parse_request
@@ -81,12 +82,13 @@ def test_binary_section_is_taken_in_order() -> None:
 def test_binary_response_reads_back_with_tritonclient() -> None:
     probs = np.array([[0.1, 0.9], [0.7, 0.3]], dtype=np.float32)
     words = np.array([b"a", b"\xffraw"], dtype=object)
-    result = {
+    result: ResultRecord = {
         "request_id": "r7",
         "model": "m",
         "model_version": "3",
         "status": "OK",
         "outputs": [from_numpy("probabilities", probs), from_numpy("words", words)],
+        "completed_at": 0,
     }
     header, parts = v2_response(result, OutputPrefs(binary_default=True))
     content, header_length = join_body(header, parts)

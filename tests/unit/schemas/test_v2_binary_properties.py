@@ -15,6 +15,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from tidegate.core.errors import InvalidInputError, MalformedRequestError
+from tidegate.schemas.records import TensorRecord
 from tidegate.schemas.signature import Signature, TensorSpec
 from tidegate.schemas.tensors import DATATYPES
 from tidegate.schemas.v2 import input_records, parse_request
@@ -32,7 +33,7 @@ ODD = st.one_of(
 )
 
 
-def parsed(body: bytes, header_length: str | None) -> tuple[list[dict[str, Any]], bytes]:
+def parsed(body: bytes, header_length: str | None) -> tuple[list[TensorRecord], bytes]:
     """What the gateway does with a body: the input records, and the binary section."""
     header, binary = split_body(body, header_length)
     records = input_records(parse_request(header), binary, SIGNATURE)
@@ -98,7 +99,7 @@ def bodies(draw: st.DrawFn) -> tuple[bytes, str | None]:
     return body, length
 
 
-def binary_records(records: list[dict[str, Any]], request: dict[str, Any]) -> list[bytes]:
+def binary_records(records: list[TensorRecord], request: dict[str, Any]) -> list[bytes]:
     return [
         r["data"]
         for r, t in zip(records, request["inputs"], strict=True)
