@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/system $(STAMP)/deploy-tools ## Install system packages, the venv, the Kafka jars and the deployment checkers.
+setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/apicurio $(STAMP)/system $(STAMP)/deploy-tools ## Install system packages, the venv, the Kafka jars, a third-party registry for its test, and the deployment checkers.
 
 $(STAMP)/system: infra/install-system.sh
 	@mkdir -p $(STAMP)
@@ -41,6 +41,13 @@ $(STAMP)/kafka: infra/kafka/pom.xml
 	rm -f $(VAR)/kafka/lib/*.jar
 	mvn -q -B -f infra/kafka/pom.xml dependency:copy-dependencies \
 	  -DoutputDirectory=$(CURDIR)/$(VAR)/kafka/lib -DincludeScope=runtime
+	@touch $@
+
+# Apicurio Registry, built from Maven Central into var/apicurio: the registry we did not write that
+# tests/integration/schemas/test_third_party_registry.py runs the pipeline against.
+$(STAMP)/apicurio: infra/apicurio/pom.xml infra/apicurio/settings.xml infra/apicurio/src/main/resources/application.properties
+	@mkdir -p $(STAMP)
+	mvn -q -B -s infra/apicurio/settings.xml -f infra/apicurio/pom.xml package -DskipTests
 	@touch $@
 
 up: setup ## Start Kafka, the schema registry, PostgreSQL and Redis (idempotent).

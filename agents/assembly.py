@@ -1,21 +1,13 @@
-"""One worker's parts, started in order and stopped in reverse: the Faust app runs this, and so do
-the integration tests (with their own model loaders), so both run the same wiring.
-
-Start order: the lifecycle log (to report loads), the lifecycle feed (caught up with the whole
-`model-lifecycle` topic), the version manager (every wanted version loaded, warmed up and
-reported), the shadow runner, then consumption. Stop is the reverse: stop consuming and drain,
-abandon running shadow comparisons, unload and report every version, stop the feed, close the log.
-
-Consumption is one `InferenceWorker` per lane (docs/lanes.md): the real-time lane on
-`topics.requests` in `group_id`, the batch lane on `topics.requests_batch` in `<group_id>-batch`,
-sharing the models, the service and one `LaneGate`. Each lane has its own consumer, producer and
-crash guard (its Redis keys name its topic); the real-time one runs the retry relay, which sends
-a due retry back to whichever lane's topic it was read from. A lane that fails fails the other.
+"""One worker's parts, started in order and stopped in reverse (`running_worker`): the Faust app
+runs this, and so do the integration tests, so both run the same wiring. One `InferenceWorker`
+per lane, sharing the models, the service and one `LaneGate`.
+The order and the lanes: docs/worker.md ("Start and stop").
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,6 +16,7 @@ from typing import Any, cast
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from redis.asyncio import Redis
 
+from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.breakers.breaker_board import BreakerBoard, BreakerPublisher
 from tidegate.agents.breakers.breaker_settings import BreakerSettings
 from tidegate.agents.inference.inference_service import InferenceService
@@ -40,6 +33,8 @@ from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.clients.producer import LANES, Lane, lane_topic
 from tidegate.core.aio import cancel_and_wait
 from tidegate.core.cache_settings import PredictionCacheSettings
+from tidegate.core.pool_names import DEFAULT_POOL
+from tidegate.core.pools import pool_group, pool_topics
 from tidegate.core.settings import (
     KafkaSettings,
     PostgresSettings,
@@ -64,6 +59,7 @@ __all__ = [
     "WorkerConfig",
     "breaker_board",
     "crash_guard",
+    "in_pool",
     "lane_settings",
     "retry_relay",
     "running_worker",
@@ -115,6 +111,8 @@ async def running_worker(
 ) -> AsyncIterator[RunningWorker]:
     """A started worker; leaving the block stops it gracefully. `loader` defaults to the artifact
     store of `config.models`, `tracing` to the one `config.tracing` describes (off by default)."""
+    config = in_pool(config)
+    metrics.POOL_INFO.labels(config.worker.pool or DEFAULT_POOL).set(1)
     worker_id = config.worker.worker_id
     async with AsyncExitStack() as stack:
         if tracing is None:
@@ -150,6 +148,8 @@ async def running_worker(
             report,
             worker_id=worker_id,
             max_loaded=config.worker.max_loaded_versions,
+            pool=config.worker.pool,
+            budget_bytes=budget * 2**20 if (budget := config.worker.memory_budget_mib) else None,
         )
         feed.add_listener(versions.changed)
         stack.push_async_callback(versions.stop)
@@ -231,6 +231,20 @@ async def running_worker(
         )
         realtime = lanes["realtime"]
         yield RunningWorker(feed, versions, shadow, service, realtime, breakers, lanes, gate)
+
+
+def in_pool(config: WorkerConfig) -> WorkerConfig:
+    """`config` as its pool's worker runs it: the pool's topics and consumer group (the default
+    pool's are `config`'s own)."""
+    pool = config.worker.pool
+    if pool is None:
+        return config
+    group = pool_group(config.worker.group_id, pool)
+    return dataclasses.replace(
+        config,
+        topics=pool_topics(config.topics, pool),
+        worker=config.worker.model_copy(update={"group_id": group}),
+    )
 
 
 def lane_settings(settings: WorkerSettings, lane: Lane) -> WorkerSettings:

@@ -20,8 +20,10 @@ from typing import Any
 import faust
 from faust.app.base import BootStrategy
 from mode import Service, ServiceT
+from prometheus_client import REGISTRY
 
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
+from tidegate.agents.gpu_metrics import nvml_collector
 from tidegate.core.aio import LoopWatchdog
 from tidegate.core.telemetry import get_logger
 
@@ -70,6 +72,11 @@ class InferenceAgent(Service):
                 server, thread = start_http_server(self.config.worker.metrics_port)
                 self._stack.callback(thread.join, 5)
                 self._stack.callback(server.shutdown)
+                gpus = nvml_collector()
+                if gpus is not None:  # a CUDA host: its GPUs' utilisation and memory too
+                    REGISTRY.register(gpus)
+                    self._stack.callback(gpus.close)
+                    self._stack.callback(REGISTRY.unregister, gpus)
             self.running = await self._stack.enter_async_context(running_worker(self.config))
             limit = self.config.worker.stall_exit_s
             if limit:

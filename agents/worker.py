@@ -1,21 +1,8 @@
-"""The worker's Kafka hot path: a confluent-kafka batch consumer feeding one batch queue per model.
-
-One thread owns the consumer: it polls, commits, pauses and resumes, and runs the rebalance
-callbacks. Another serves the producer's delivery reports. Everything else runs on the event loop:
-each poll's messages are decoded into their partitions' pipelines and queued by model, so a batch
-mixes requests of every partition; each finished batch hands its results back to the partitions,
-which pass them to the result sink in offset order, and the sink is flushed once per batch.
-
-At-least-once (the default): commits carry, per partition, the end of the prefix of offsets whose
-results and dead letters Kafka acknowledged. Exactly-once (`delivery="exactly-once"`): the sink
-produces in a transaction, and every `transaction_interval_ms` commits it together with the
-consumed positions; the consumer itself never commits.
-
-On revoke, the revoked partitions finish their in-flight work (bounded by `drain_timeout_s`), the
-delivered prefix is committed synchronously before the partitions are given up, and what is left
-is abandoned for the next owner. When `max_in_flight` requests are unfinished, consumption pauses.
-`stop()` stops consuming, drains every partition, commits and closes. A worker reads one topic:
-a process runs one per lane, computing in the order `lane` gives (docs/lanes.md).
+"""The worker's Kafka hot path (`InferenceWorker`): a confluent-kafka batch consumer on a thread of
+its own, feeding one batch queue per model on the event loop, with results delivered in offset
+order and committed only once delivered (or in a transaction, exactly-once). One topic per worker.
+Threads, commits, revoke and stop: docs/worker.md ("Threads and the event loop", "Results,
+offsets and commits", "Pausing, revoking and stopping").
 """
 
 from __future__ import annotations
@@ -55,6 +42,7 @@ from tidegate.core.tracing import TRACING_OFF, Tracing
 from tidegate.dlq.retry_relay import RetryRelay
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
 from tidegate.schemas.codec import AvroDecoder
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["InferenceWorker"]
 
@@ -65,7 +53,6 @@ _FETCH_MAX = 500
 # every 100 ms bounds redelivery after a crash to that much work (at-least-once either way).
 _COMMIT_EVERY_S = 0.1
 _RETRY_DECODE_S = 1.0
-Result = dict[str, Any]
 
 
 class InferenceWorker:
@@ -142,7 +129,7 @@ class InferenceWorker:
         self._sink = self._new_sink()
         if self._relay is not None:
             await asyncio.to_thread(self._relay.start)
-        self._batcher: KeyedBatcher[Slot, Result] = KeyedBatcher(
+        self._batcher: KeyedBatcher[Slot, ResultRecord] = KeyedBatcher(
             self._compute,
             self._delivered,
             max_batch_size=self.settings.max_batch_size,
@@ -376,7 +363,7 @@ class InferenceWorker:
         self._sink.flush()  # the poison pills' dead letters
         return bool(rewind)
 
-    async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
+    async def _compute(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[ResultRecord]:
         solo = self._solo
         async with self._lane():
             if solo is None:
@@ -384,7 +371,9 @@ class InferenceWorker:
             async with solo.gate.shared():  # a suspect running alone holds batches back
                 return await self._compute_now(slots, waits)
 
-    async def _compute_now(self, slots: Sequence[Slot], waits: Sequence[float]) -> list[Result]:
+    async def _compute_now(
+        self, slots: Sequence[Slot], waits: Sequence[float]
+    ) -> list[ResultRecord]:
         tasks = [slot.task for slot in slots]
         tracer = self._tracing.tracer
         if tracer is None:
@@ -392,7 +381,9 @@ class InferenceWorker:
         with batch_span(tracer, tasks):
             return await self.service.process(tasks, waits)
 
-    def _delivered(self, slots: Sequence[Slot], outcome: Sequence[Result] | BaseException) -> None:
+    def _delivered(
+        self, slots: Sequence[Slot], outcome: Sequence[ResultRecord] | BaseException
+    ) -> None:
         hand_over(slots, outcome, worker_id=self.settings.worker_id)
         self._sink.flush()
 

@@ -20,10 +20,13 @@ __all__ = [
     "CONSUMER_LAG",
     "DEAD_LETTERS",
     "END_TO_END",
+    "EVICTIONS",
     "FALLBACKS",
     "IN_FLIGHT",
+    "LOADED_BYTES",
     "LOADED_VERSIONS",
     "MODEL_TIMEOUTS",
+    "POOL_INFO",
     "QUEUE",
     "REPLIES_UNDELIVERED",
     "REQUESTS",
@@ -109,6 +112,24 @@ CONSUMER_LAG = Gauge(
 LOADED_VERSIONS = Gauge(
     "tidegate_worker_loaded_versions",
     "Model versions loaded and warm on this worker.",
+)
+EVICTIONS = Counter(
+    "tidegate_worker_evictions",
+    "Versions unloaded to make room: `count` past max_loaded_versions, `memory` past the "
+    "worker's memory budget (a later request for one loads it again, counted in cold_loads).",
+    ["model", "version", "reason"],
+)
+LOADED_BYTES = Gauge(
+    "tidegate_worker_loaded_bytes",
+    "Resident memory the loaded versions account for: each one's measured growth of the "
+    "process's RSS at its load (the average of the measured ones where a load overlapped "
+    "another); what the memory budget is held against.",
+)
+POOL_INFO = Gauge(
+    "tidegate_worker_pool_info",
+    "1, labelled with the model pool this worker serves (`default` for the default pool): what "
+    "joins a worker's metrics to its pool.",
+    ["pool"],
 )
 COLD_LOADS = Counter(
     "tidegate_worker_cold_loads",

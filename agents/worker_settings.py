@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 from tidegate.core.kafka import GroupProtocol
+from tidegate.core.pool_names import POOL_PATTERN
 from tidegate.core.settings import instance_id, settings_config
 
 __all__ = ["WorkerSettings"]
@@ -19,6 +20,13 @@ class WorkerSettings(BaseSettings):
     model_config = settings_config("TIDEGATE_WORKER_")
 
     group_id: str = Field("tidegate-workers", description="Consumer group all workers share.")
+    pool: str | None = Field(
+        None,
+        pattern=POOL_PATTERN,
+        description="The model pool this worker serves (docs/pools.md): it reads the pool's "
+        "requests and retry topics in the group `<group_id>.<pool>`, and keeps the models "
+        "placed in the pool loaded. None: the default pool.",
+    )
     worker_id: str = Field(default_factory=instance_id, description="This worker's name.")
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most requests in one batch.")
     max_batch_delay_ms: float = Field(
@@ -115,6 +123,14 @@ class WorkerSettings(BaseSettings):
         ge=1,
         le=1024,
         description="Most model versions kept loaded; the least recently used unwanted one goes.",
+    )
+    memory_budget_mib: int | None = Field(
+        None,
+        ge=1,
+        description="Resident memory, in MiB, the loaded model versions may take on this worker "
+        "(docs/pools.md): past it the least recently used idle versions are unloaded, and a "
+        "version that does not fit loads when a request asks for it. Each version counts as the "
+        "growth of the process's RSS measured at its load. None: only max_loaded_versions limits.",
     )
     batch_share: float = Field(
         0.1,

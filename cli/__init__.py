@@ -12,6 +12,7 @@ from tidegate.cli import dlq_commands as dlq
 from tidegate.cli import features_commands as features
 from tidegate.cli import lifecycle_session as session
 from tidegate.cli import model_commands as models
+from tidegate.cli import pool_commands as pools
 from tidegate.cli import schema_commands as schemas
 from tidegate.cli import serve_controller as controller
 from tidegate.cli import serve_gateway as gateway
@@ -53,6 +54,9 @@ app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro s
 app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
 app.add_typer(
     models.app, name="models", help="Register, roll out, roll back and inspect model versions."
+)
+app.add_typer(
+    pools.app, name="pools", help="Declare model pools and place models in them (docs/pools.md)."
 )
 app.add_typer(dlq.app, name="dlq", help="Inspect and redrive the dead-letter topics.")
 app.add_typer(auth.app, name="auth", help="Issue, list and revoke the gateway's API keys.")

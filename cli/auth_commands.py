@@ -31,8 +31,8 @@ from tidegate.clients.audit import FAILURE, SUCCESS, KafkaAuditTrail, local_sour
 from tidegate.core.db import make_pool
 from tidegate.core.errors import TidegateError
 from tidegate.core.settings import PostgresSettings
-from tidegate.gateway.api_keys import IssuedKey, KeyRecord, KeyStore
-from tidegate.gateway.identity import ROLE_PERMISSIONS, Grant
+from tidegate.gateway.auth.api_keys import IssuedKey, KeyRecord, KeyStore
+from tidegate.gateway.auth.identity import ROLE_PERMISSIONS, Grant
 
 __all__ = ["app", "issue", "parse_expiry", "parse_grant"]
 

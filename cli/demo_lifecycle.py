@@ -24,7 +24,7 @@ from tidegate.clients.loadgen import KafkaLoad, LoadResult
 from tidegate.core.errors import ModelNotFoundError, TidegateError
 from tidegate.core.kafka import make_admin
 from tidegate.core.settings import KafkaSettings
-from tidegate.gateway.identity import Grant
+from tidegate.gateway.auth.identity import Grant
 from tidegate.lifecycle.domain.render import event_view
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.lifecycle.operations.sessions import command_session

@@ -10,13 +10,14 @@ there instead of ahead of real-time requests.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tidegate.clients.jsonl import parse_line
 from tidegate.clients.producer import Lane, TidegateProducer
 from tidegate.core.errors import TidegateError
+from tidegate.schemas.records import ResultRecord
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,7 +64,7 @@ def _publish_file(
 
 def _await(
     producer: TidegateProducer, ids: list[str], timeout: float, console: Console
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ResultRecord]:
     from rich.progress import Progress
 
     with Progress(console=console) as progress:

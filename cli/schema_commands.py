@@ -6,10 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from confluent_kafka import KafkaException
 
 from tidegate.core.errors import IncompatibleSchemaError, TidegateError
-from tidegate.core.settings import SchemaRegistrySettings, TopicSettings
-from tidegate.schemas.catalog import SCHEMA_DIR, topic_subjects
+from tidegate.core.kafka import make_admin
+from tidegate.core.pools import declared_pools
+from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.schemas.catalog import SCHEMA_DIR, pool_subjects, topic_subjects
 from tidegate.schemas.registration import RegistryHttp, register_all
 
 __all__ = ["app"]
@@ -42,7 +45,7 @@ def register(
         with RegistryHttp(settings) as registry:
             for outcome in register_all(
                 registry,
-                topic_subjects(TopicSettings()),
+                _subjects(),
                 directory=schema_dir or SCHEMA_DIR,
                 dry_run=dry_run,
             ):
@@ -64,3 +67,21 @@ def register(
         console.print(f"[red]error:[/red] {exc} ({settings.url})")
         raise typer.Exit(1) from None
     console.print(table)
+
+
+def _subjects() -> dict[str, str]:
+    """Every topic's subject: the stack's, and those of each declared pool (whose topics Kafka
+    has: `tidegate pools declare`), so that an evolved schema reaches the pools' subjects too."""
+    topics = TopicSettings()
+    subjects = topic_subjects(topics)
+    try:
+        listed = make_admin(KafkaSettings(), {"log_level": 4}).list_topics(timeout=10.0).topics
+        pools = declared_pools(listed, topics)
+    except KafkaException as exc:
+        typer.echo(
+            f"WARNING: Kafka did not list its topics ({exc}): pools' subjects skipped", err=True
+        )
+        return subjects
+    for pool in pools:
+        subjects.update(pool_subjects(topics, pool))
+    return subjects

@@ -81,7 +81,7 @@ def gateway(
     authenticated (API keys from `tidegate auth keys create`, or JWTs; docs/security.md) unless
     `--insecure`."""
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
-    from tidegate.gateway.auth_settings import AuthSettings
+    from tidegate.gateway.auth.auth_settings import AuthSettings
     from tidegate.gateway.gateway_settings import GatewaySettings
     from tidegate.gateway.serving import check_exposure, serve
 

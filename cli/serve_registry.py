@@ -37,9 +37,9 @@ def serve(
     # Heavy imports stay here so that `tidegate --help` does not pay for them.
     import uvicorn
 
-    from tidegate.gateway.auth_settings import AuthSettings
-    from tidegate.gateway.authn import Authenticator
-    from tidegate.gateway.registry_api import create_app
+    from tidegate.gateway.admin.registry_api import create_app
+    from tidegate.gateway.auth.auth_settings import AuthSettings
+    from tidegate.gateway.auth.authn import Authenticator
     from tidegate.gateway.serving import check_exposure
 
     configure_logging()

@@ -62,6 +62,14 @@ def worker(
             "a busy model's next batch collects while it runs anyway)."
         ),
     ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            help="The model pool to serve (docs/pools.md): its topics, its group "
+            "`<group-id>.<pool>`, its models. Default: $TIDEGATE_WORKER_POOL, else the default "
+            "pool."
+        ),
+    ] = None,
     processes: Annotated[
         int | None,
         typer.Option(
@@ -85,6 +93,7 @@ def worker(
         "metrics_port": metrics_port,
         "max_batch_size": max_batch_size,
         "max_batch_delay_ms": max_batch_delay_ms,
+        "pool": pool,
     }
     try:
         settings = WorkerSettings.model_validate(

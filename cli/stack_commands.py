@@ -194,8 +194,8 @@ def registry_credentials(
 
 
 async def _ensure_credentials(path: Path, pg: PostgresSettings) -> str:
-    from tidegate.gateway.api_keys import KeyStore
-    from tidegate.gateway.identity import Grant
+    from tidegate.gateway.auth.api_keys import KeyStore
+    from tidegate.gateway.auth.identity import Grant
 
     pool = make_pool(pg, LifecycleSettings(pool_min_size=1, pool_max_size=1))
     await pool.open(wait=True, timeout=30)

@@ -19,7 +19,8 @@ whose replicas each read one partition of the replies topic.
 
 The lane (`lane=`, docs/lanes.md) picks the topic: `realtime` publishes to `topics.requests`,
 `batch` to `topics.requests_batch`, which workers serve when real-time traffic leaves them room.
-A client has a default lane, and each publish may name another.
+A client has a default lane, and each publish may name another. With `placement` (model to
+pool), a request goes to its model's pool's topic of that lane (docs/pools.md).
 
 With a `Tracing` that is on, each publish is a `send <topic>` span, a child of the span current
 where `publish` is called, and the request carries its W3C trace context in its headers, so
@@ -32,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from types import TracebackType
 from typing import Any, Literal
 
@@ -47,6 +49,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from tidegate.clients.pool_moves import DEFAULT_DRAIN_S, MoveGuard, Warm
 from tidegate.core.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -56,11 +59,13 @@ from tidegate.core.errors import (
     SerializationError,
 )
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
+from tidegate.core.pools import pool_topics
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.sticky import StickyPartitions
 from tidegate.core.tracing import TRACING_OFF, KafkaHeaders, Tracing, span_headers
 from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
 from tidegate.schemas.codec import AvroDecoder, AvroEncoder
+from tidegate.schemas.records import RequestRecord, ResultRecord
 from tidegate.schemas.requests import Inputs, build_request, request_key
 
 __all__ = [
@@ -68,6 +73,7 @@ __all__ = [
     "LANES",
     "DeliveryCallback",
     "Lane",
+    "Placement",
     "PublishError",
     "RecordTooLargeError",
     "TidegateProducer",
@@ -80,6 +86,8 @@ Lane = Literal["realtime", "batch"]
 LANES: tuple[Lane, ...] = ("realtime", "batch")
 
 DeliveryCallback = Callable[[str, Exception | None], None]
+Placement = Callable[[str], str | None]
+"""The pool a model is placed in (None: the default pool)."""
 
 DEFAULT_MAX_RECORD_BYTES = 1_000_000
 """librdkafka's default `message.max.bytes`, the largest record a producer takes."""
@@ -126,8 +134,21 @@ class TidegateProducer:
         producer_extra: Mapping[str, Any] | None = None,
         tracing: Tracing = TRACING_OFF,
         lane: Lane = "realtime",
+        placement: Placement | None = None,
+        worker_group: str | None = "tidegate-workers",
+        drain_s: float = DEFAULT_DRAIN_S,
+        warm: Warm | None = None,
     ) -> None:
+        """`placement` names each model's pool (None: the default pool), and so the requests
+        topic a request of that model goes to (docs/pools.md); without it, every request goes to
+        the default pool's. When a model's placement changes, its requests are held until the
+        old pool's workers (of `worker_group`, `TIDEGATE_WORKER_GROUP_ID`) have committed past
+        what this client sent there, `drain_s` at most, so a key's requests keep their order
+        (`MoveGuard`), and, with `warm`, until a worker of the new pool has the model loaded;
+        `worker_group=None` sends them to the new pool at once."""
         self._kafka = kafka or KafkaSettings()
+        self._placement = placement
+        self._lane_topics: dict[tuple[str | None, Lane], str] = {}
         self.lane = lane
         self._tracing = tracing
         self._topics = topics or TopicSettings()
@@ -148,8 +169,18 @@ class TidegateProducer:
         self._decoder: AvroDecoder | None = None
         self._schema_id = 0  # under the default lane's subject
         self._awaited: set[str] = set()
-        self._results: dict[str, dict[str, Any]] = {}
+        self._results: dict[str, ResultRecord] = {}
         self.delivery_errors: dict[str, Exception] = {}
+        self._guard: MoveGuard | None = None
+        if placement is not None and worker_group is not None:
+            self._guard = MoveGuard(
+                self._kafka, self._topics, worker_group, drain_s=drain_s, warm=warm
+            )
+
+    @property
+    def move_guard(self) -> MoveGuard | None:
+        """What keeps a moving model's requests in order (None without placement)."""
+        return self._guard
 
     def start(self, timeout: float = 15.0) -> None:
         """Connect, look the schema id up and, when awaiting results, pin the result offsets."""
@@ -213,6 +244,16 @@ class TidegateProducer:
         _, encoder = self._running()
         return encoder.schema_id(f"{lane_topic(self._topics, lane or self.lane)}-value")
 
+    def missing_topics(self, topics: Iterable[str], timeout: float = 5.0) -> list[str]:
+        """The topics of `topics` Kafka does not have (blocks up to `timeout` per topic)."""
+        producer, _ = self._running()
+        missing = []
+        for topic in topics:
+            meta = producer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                missing.append(topic)
+        return missing
+
     def partition_count(self, topic: str, timeout: float = 5.0) -> int | None:
         """The topic's partition count, looked up once (at start for the default lane's topic, so
         a publish never waits on metadata); None when it could not be had, and the topic's
@@ -262,7 +303,7 @@ class TidegateProducer:
 
     def publish_record(
         self,
-        record: Mapping[str, Any],
+        record: RequestRecord,
         on_delivery: DeliveryCallback | None = None,
         headers: KafkaHeaders | None = None,
         lane: Lane | None = None,
@@ -272,7 +313,12 @@ class TidegateProducer:
         producer, encoder = self._running()
         request_id = str(record["request_id"])
         lane = lane or self.lane
-        topic = lane_topic(self._topics, lane)
+        pool = self._placement(record["model"]) if self._placement is not None else None
+        topic = self._lane_topics.get((pool, lane))
+        if topic is None:
+            topic = self._lane_topics[pool, lane] = lane_topic(
+                pool_topics(self._topics, pool), lane
+            )
         schema_id = self._schema_id if lane == self.lane else self.schema_id(lane)
         value = encoder.encode(record, schema_id)
         key = request_key(record)
@@ -293,7 +339,11 @@ class TidegateProducer:
             )
             headers = [*(headers or ()), *span_headers(span)]
 
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
+        guard = self._guard
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if guard is not None:
+                guard.delivered(delivered, msg)
             error = None if err is None else _delivery_error(err, self.max_record_bytes)
             if span is not None:
                 if error is not None:
@@ -306,6 +356,56 @@ class TidegateProducer:
             count = self.partition_count(topic)
             if count:
                 kwargs["partition"] = self._sticky.pick(topic, count)
+
+        if guard is None:
+            self._produce(producer, topic, delivered, kwargs, size, span)
+        else:
+            fail = partial(report, request_id)  # a held record that could not be produced
+            model = str(record["model"])
+            self._guarded(guard, model, pool, topic, delivered, fail, kwargs, size, span)
+        producer.poll(0)
+
+    def _guarded(
+        self,
+        guard: MoveGuard,
+        model: str,
+        pool: str | None,
+        topic: str,
+        delivered: Callable[[KafkaError | None, Message], None],
+        fail: Callable[[Exception], None],
+        kwargs: dict[str, Any],
+        size: int,
+        span: Span | None,
+    ) -> None:
+        """Produce now, or later once the model's old pool has drained (`MoveGuard`)."""
+        producer, _ = self._running()
+
+        def send() -> None:
+            guard.sending(delivered)
+            try:
+                self._produce(producer, topic, delivered, kwargs, size, span)
+            except BaseException:
+                guard.unsent(delivered)
+                raise
+
+        try:
+            held = guard.hold(model, pool, send, fail)
+        except OverloadedError:
+            if span is not None:
+                span.end()
+            raise
+        if not held:
+            send()
+
+    def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        delivered: Callable[[KafkaError | None, Message], None],
+        kwargs: dict[str, Any],
+        size: int,
+        span: Span | None,
+    ) -> None:
         try:
             producer.produce(topic, on_delivery=delivered, **kwargs)
         except KafkaException as exc:
@@ -327,7 +427,6 @@ class TidegateProducer:
                     span.set_status(Status(StatusCode.ERROR, "the producer queue is full"))
                     span.end()
                 raise OverloadedError("the producer queue is full") from exc
-        producer.poll(0)
 
     def _remember_failure(self, request_id: str, error: Exception | None) -> None:
         if error is not None:
@@ -343,7 +442,7 @@ class TidegateProducer:
         producer, _ = self._running()
         return int(producer.flush(timeout))
 
-    def await_result(self, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    def await_result(self, request_id: str, timeout: float = 30.0) -> ResultRecord:
         """The `InferenceResult` of one published request; `ResultTimeoutError` after `timeout`."""
         found = self.await_results([request_id], timeout)
         if request_id not in found:
@@ -354,8 +453,8 @@ class TidegateProducer:
         self,
         request_ids: Iterable[str],
         timeout: float = 30.0,
-        progress: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, dict[str, Any]]:
+        progress: Callable[[ResultRecord], None] | None = None,
+    ) -> dict[str, ResultRecord]:
         """Results of the given requests that arrive within `timeout`, by request id."""
         consumer, decoder = self._consumer, self._decoder
         if consumer is None or decoder is None:
@@ -377,11 +476,9 @@ class TidegateProducer:
                     self._results[rid] = result
         return found
 
-    def _read(
-        self, consumer: Consumer, decoder: AvroDecoder, timeout: float
-    ) -> list[dict[str, Any]]:
+    def _read(self, consumer: Consumer, decoder: AvroDecoder, timeout: float) -> list[ResultRecord]:
         ctx = SerializationContext(self._topics.results, MessageField.VALUE)
-        out: list[dict[str, Any]] = []
+        out: list[ResultRecord] = []
         for msg in consume_ready(consumer, 500, timeout):
             if msg.error() is not None:
                 continue

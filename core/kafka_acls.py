@@ -103,6 +103,9 @@ def grants(names: AclNames) -> list[Grant]:
     """Every component's grants; what is not here is refused."""
     t = names.topics
     requests = (t.requests, t.requests_batch)
+    # Every pool's requests topics, `<requests>.<pool>` (tidegate.core.pools): by prefix, so a
+    # pool declared later needs no new grant.
+    pools = (f"{t.requests}.", f"{t.requests_batch}.")
     dead = (t.failed, t.poison)
     gw, wk, ct = Component.GATEWAY, Component.WORKER, Component.CONTROLLER
     rg, op, pr = Component.REGISTRY, Component.OPERATOR, Component.PRODUCER
@@ -126,13 +129,18 @@ def grants(names: AclNames) -> list[Grant]:
 
     # Producer applications: send requests, read results. Nothing else.
     topic(pr, requests, "WRITE")
+    prefixes(pr, "topic", pools, "WRITE")
     topic(pr, [t.results], "READ")
     prefixes(pr, "group", [PRODUCER_GROUPS], "READ")
+    # A moving model's requests wait until the old pool's workers read past the producer's own
+    # (clients.pool_moves): it reads their committed offsets, and cannot join their groups.
+    prefixes(pr, "group", [names.worker_group], "DESCRIBE")
 
     # The gateway sends requests (its DLQ API redrives to them), reads its replies, folds the
     # lifecycle and the breakers, and audits; /admin's lifecycle events go to the event store,
     # whose outbox the controller publishes. Its lag probe reads the workers' committed offsets.
     topic(gw, requests, "WRITE", "DESCRIBE_CONFIGS")
+    prefixes(gw, "topic", pools, "WRITE", "DESCRIBE_CONFIGS")
     topic(gw, [t.replies, t.breakers, *dead], "READ")
     prefixes(gw, "topic", [t.retry_prefix], "READ")
     topic(gw, [t.lifecycle], "READ")
@@ -145,6 +153,7 @@ def grants(names: AclNames) -> list[Grant]:
     # (their reports go to the event store). Their transactional ids and groups start with their
     # group's name.
     topic(wk, requests, "READ", "WRITE")
+    prefixes(wk, "topic", pools, "READ", "WRITE")
     prefixes(wk, "topic", [t.retry_prefix], "READ", "WRITE")
     topic(wk, [t.results, t.replies, *dead, t.shadow], "WRITE")
     topic(wk, [t.breakers], "READ", "WRITE")
@@ -159,6 +168,7 @@ def grants(names: AclNames) -> list[Grant]:
     topic(ct, [t.results, t.shadow], "READ")
     topic(ct, [t.lifecycle], "READ", "WRITE")
     topic(ct, requests, "DESCRIBE")
+    prefixes(ct, "topic", pools, "DESCRIBE")
     prefixes(ct, "group", [names.controller_group, LIFECYCLE_FEED], "READ")
     prefixes(ct, "group", [names.worker_group], "DESCRIBE")
 
@@ -172,6 +182,8 @@ def grants(names: AclNames) -> list[Grant]:
     topic(op, every_topic, "READ", "DESCRIBE_CONFIGS")
     prefixes(op, "topic", [t.retry_prefix], "READ", "WRITE")
     topic(op, [*requests, *dead, t.audit], "WRITE")
+    # `tidegate pools declare` creates a pool's topics.
+    prefixes(op, "topic", pools, "CREATE", "READ", "WRITE", "DESCRIBE_CONFIGS")
     prefixes(op, "topic", [names.replay_topic], "CREATE", "READ", "WRITE")
     tools = [*DLQ_GROUPS, AUDIT_READ, LIFECYCLE_FEED, MODEL_HEALTH, names.replay_group_prefix]
     prefixes(op, "group", tools, "READ")

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tidegate.core.errors import TidegateError
+from tidegate.schemas.records import ErrorRecord, SourcePositionRecord
 
 __all__ = ["dead_letter", "error_info", "source_position"]
 
@@ -18,7 +19,7 @@ Headers = Sequence[tuple[str, bytes | None]]
 
 def error_info(
     exc: BaseException, *, field: str | None = None, details: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+) -> ErrorRecord:
     """A structured `ErrorInfo` record: the stable code and class come from the error tree."""
     if isinstance(exc, TidegateError):
         code, retriable = exc.code, exc.retriable
@@ -34,7 +35,7 @@ def error_info(
     }
 
 
-def source_position(topic: str, partition: int, offset: int) -> dict[str, Any]:
+def source_position(topic: str, partition: int, offset: int) -> SourcePositionRecord:
     return {"topic": topic, "partition": partition, "offset": offset}
 
 

@@ -21,6 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidegate.dlq.letters import to_ms
+from tidegate.schemas.records import RedeliveryRecord, SourcePositionRecord
+
 __all__ = [
     "ATTEMPT",
     "FIRST_FAILED_AT",
@@ -30,6 +33,7 @@ __all__ = [
     "Lineage",
     "format_position",
     "parse_position",
+    "read_back",
     "read_lineage",
     "redelivery_headers",
     "retries_since_redrive",
@@ -42,7 +46,7 @@ ORIGIN = "tidegate-origin"
 HISTORY = "tidegate-history"
 REDELIVERY_HEADERS = frozenset({ATTEMPT, FIRST_FAILED_AT, ORIGIN, HISTORY})
 
-Position = dict[str, Any]
+Position = SourcePositionRecord
 Headers = Sequence[tuple[str, bytes | None]]
 
 
@@ -53,7 +57,7 @@ class Lineage:
     attempt: int = 1
     first_failed_at_ms: int | None = None
     origin: Position | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[RedeliveryRecord] = field(default_factory=list)
 
 
 def format_position(position: Mapping[str, Any]) -> str:
@@ -73,15 +77,30 @@ def step(
     source: Mapping[str, Any] | None = None,
     run_id: str | None = None,
     reason: str | None = None,
-) -> dict[str, Any]:
+) -> RedeliveryRecord:
     """One `Redelivery` record."""
     return {
         "kind": kind,
         "at": at_ms,
-        "from": dict(source) if source is not None else None,
+        "from": _position(source) if source is not None else None,
         "id": run_id,
         "reason": reason,
     }
+
+
+def read_back(item: Mapping[str, Any]) -> RedeliveryRecord:
+    """A `Redelivery` record as a decoded envelope holds it (`at` a datetime), with `at` as epoch
+    milliseconds again, ready to be written into headers or a new envelope."""
+    at_ms = to_ms(item["at"])
+    if at_ms is None:
+        raise ValueError("a Redelivery record without its time")
+    return step(
+        str(item["kind"]),
+        at_ms,
+        source=item.get("from"),
+        run_id=item.get("id"),
+        reason=item.get("reason"),
+    )
 
 
 def read_lineage(headers: Headers | None) -> Lineage | None:
@@ -141,6 +160,14 @@ def retries_since_redrive(history: Iterable[Mapping[str, Any]]) -> int:
     return count
 
 
+def _position(source: Mapping[str, Any]) -> Position:
+    return {
+        "topic": str(source["topic"]),
+        "partition": int(source["partition"]),
+        "offset": int(source["offset"]),
+    }
+
+
 def _to_json(item: Mapping[str, Any]) -> dict[str, Any]:
     data = dict(item)
     source = data.get("from")
@@ -148,7 +175,7 @@ def _to_json(item: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _from_json(item: Mapping[str, Any]) -> dict[str, Any]:
+def _from_json(item: Mapping[str, Any]) -> RedeliveryRecord:
     source = item.get("from")
     return step(
         str(item["kind"]),

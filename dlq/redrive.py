@@ -35,7 +35,7 @@ from tidegate.core.kafka import make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.dlq.inspect import DeadLetterReader, ReadCursor
 from tidegate.dlq.letters import Letter, to_ms
-from tidegate.dlq.redelivery import redelivery_headers, step
+from tidegate.dlq.redelivery import read_back, redelivery_headers, step
 from tidegate.dlq.redrive_checkpoint import (
     Checkpoint,
     fingerprint,
@@ -90,7 +90,7 @@ def target_topic(envelope: Mapping[str, Any], topics: TopicSettings) -> str:
 def redrive_headers(letter: Letter, *, run_id: str, at_ms: int) -> list[tuple[str, bytes | None]]:
     """The original headers with the lineage of one more delivery, a redrive by `run_id`."""
     envelope = letter.envelope or {}
-    history = [{**item, "at": to_ms(item.get("at"))} for item in envelope.get("history") or ()]
+    history = [read_back(item) for item in envelope.get("history") or ()]
     history.append(step("redrive", at_ms, source=letter.position, run_id=run_id))
     original = [(h["key"], h.get("value")) for h in envelope.get("original_headers") or ()]
     return redelivery_headers(

@@ -27,6 +27,7 @@ from tidegate.dlq.replay_reader import Decoder, RangeReader, SourceRecord
 from tidegate.dlq.replay_run import Scorer
 from tidegate.dlq.replay_served import served_results
 from tidegate.dlq.replay_settings import ReplaySettings
+from tidegate.schemas.records import ResultRecord
 from tidegate.schemas.tensors import to_numpy
 
 __all__ = ["BacktestRun", "BacktestScorer", "backtest"]
@@ -43,7 +44,7 @@ class BacktestRun:
     report: BacktestReport
     rows: list[BacktestRow]
     plan: ReadPlan
-    candidate_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    candidate_results: dict[str, ResultRecord] = field(default_factory=dict)
     """Request id to the candidate's `InferenceResult` record."""
 
 
@@ -165,8 +166,8 @@ def _batches(records: Sequence[SourceRecord], size: int) -> list[list[SourceReco
 
 async def _score(
     scorer: Scorer, batches: Sequence[Sequence[SourceRecord]], version: str
-) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+) -> dict[str, ResultRecord]:
+    out: dict[str, ResultRecord] = {}
     for batch in batches:
         results = await scorer.score([(r, version) for r in batch])
         for record, result in zip(batch, results, strict=True):
@@ -174,17 +175,17 @@ async def _score(
     return out
 
 
-def _outputs(result: dict[str, Any]) -> dict[str, Any]:
+def _outputs(result: ResultRecord) -> dict[str, Any]:
     return {t["name"]: to_numpy(t) for t in result["outputs"]}
 
 
 def _row(
-    request_id: str, served: dict[str, Any] | None, scored: dict[str, dict[str, Any]]
+    request_id: str, served: ResultRecord | None, scored: dict[str, ResultRecord]
 ) -> BacktestRow:
     cand = scored[request_id]
     ok = cand["status"] == "OK"
-    error = cand.get("error") or {}
-    why = f"{error.get('code', cand['status'])}: {error.get('message')}"
+    error = cand.get("error")
+    why = f"{error['code'] if error else cand['status']}: {error['message'] if error else None}"
     served_ok = served is not None and served["status"] == "OK"
     return BacktestRow(
         request_id=request_id,

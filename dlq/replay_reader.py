@@ -28,6 +28,7 @@ from tidegate.core.telemetry import get_logger
 from tidegate.dlq.envelopes import source_position
 from tidegate.dlq.ranges import ReadPlan
 from tidegate.dlq.redelivery import read_lineage
+from tidegate.schemas.records import RedeliveryRecord, RequestRecord, SourcePositionRecord
 
 __all__ = ["Chunk", "Decoder", "RangeReader", "SourceRecord"]
 
@@ -48,19 +49,19 @@ class Decoder(Protocol):
 class SourceRecord:
     """One request to run again, with where it was read and its delivery history so far."""
 
-    position: dict[str, Any]
+    position: SourcePositionRecord
     """Where this run read it: the request's own position, or its DLQ envelope's."""
     key: bytes | None
     value: bytes | None
     """The request exactly as it was produced (wire header included)."""
     headers: Headers
     timestamp_ms: int | None
-    request: dict[str, Any] | None
+    request: RequestRecord | None
     error: TidegateError | None
     """Why `request` is None: the bytes do not decode."""
-    origin: dict[str, Any]
+    origin: SourcePositionRecord
     """Where the request was first read."""
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[RedeliveryRecord] = field(default_factory=list)
     attempt: int = 1
 
     @property
@@ -231,7 +232,11 @@ class RangeReader:
         )
 
     def _from_envelope(
-        self, envelopes: Decoder, msg: Message, position: dict[str, Any], timestamp: int | None
+        self,
+        envelopes: Decoder,
+        msg: Message,
+        position: SourcePositionRecord,
+        timestamp: int | None,
     ) -> SourceRecord:
         try:
             envelope = envelopes(msg.value())
@@ -252,16 +257,17 @@ class RangeReader:
             timestamp_ms=int(original.timestamp() * 1000) if original is not None else timestamp,
             request=request,
             error=error,
-            origin=dict(envelope.get("origin") or envelope["source"]),
-            history=[dict(step) for step in envelope.get("history") or []],
+            origin=envelope.get("origin") or envelope["source"],
+            history=list(envelope.get("history") or []),
             attempt=lineage.attempt if lineage else 1,
         )
 
-    def _decode(self, value: bytes | None) -> tuple[dict[str, Any] | None, TidegateError | None]:
+    def _decode(self, value: bytes | None) -> tuple[RequestRecord | None, TidegateError | None]:
         """A `RetriableError` (the registry is unreachable) propagates: the run stops, and its
         checkpoint still points before this record."""
         try:
-            return dict(self._requests(value)), None
+            request: RequestRecord = self._requests(value)
+            return request, None
         except SerializationError as exc:
             return None, exc
 

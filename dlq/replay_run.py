@@ -37,6 +37,7 @@ from tidegate.dlq.replay_settings import ReplaySettings
 from tidegate.dlq.replay_state import ReplayCheckpoint, Summary
 from tidegate.schemas.catalog import INFERENCE_RESULT, load_schema
 from tidegate.schemas.codec import AvroEncoder
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["Progress", "ReplayRunner", "Scorer", "ServedVersions", "check_target", "stamp"]
 
@@ -47,7 +48,7 @@ Progress = Callable[[int, int], None]
 
 
 class Scorer(Protocol):
-    async def score(self, items: Sequence[tuple[SourceRecord, str]]) -> list[dict[str, Any]]:
+    async def score(self, items: Sequence[tuple[SourceRecord, str]]) -> list[ResultRecord]:
         """One `InferenceResult` record per (record, version), in order; the records' requests
         are decoded."""
         ...
@@ -79,10 +80,10 @@ def check_target(target: str, topics: TopicSettings, *, live: bool) -> None:
         )
 
 
-def stamp(result: dict[str, Any], record: SourceRecord, run_id: str, at_ms: int) -> None:
+def stamp(result: ResultRecord, record: SourceRecord, run_id: str, at_ms: int) -> None:
     """The replay's lineage fields on a result."""
-    result["source"] = dict(record.position)
-    result["origin"] = dict(record.origin)
+    result["source"] = record.position.copy()
+    result["origin"] = record.origin.copy()
     result["attempt"] = record.attempt
     result["history"] = [
         *record.history,
@@ -262,7 +263,8 @@ class ReplayRunner:
             if result["status"] == "OK":
                 delta.ok += 1
             else:
-                delta.errors[(result.get("error") or {}).get("code") or result["status"]] += 1
+                error = result.get("error")
+                delta.errors[(error["code"] if error else "") or result["status"]] += 1
             encoded.append((record.key, self._encoder.encode(result, schema_id)))
         ack = acks.add(chunk.partition, chunk.end, len(encoded), delta)
         for key, value in encoded:

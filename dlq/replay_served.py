@@ -11,7 +11,7 @@ its caller got.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, cast
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -21,6 +21,7 @@ from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings
 from tidegate.dlq.ranges import resolve_times
 from tidegate.dlq.replay_reader import Decoder, RangeReader
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["PostgresServed", "served_results"]
 
@@ -60,7 +61,7 @@ def served_results(
     to_ms: int | None,
     group_id: str,
     stall_timeout_s: float = 15.0,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ResultRecord]:
     """The first result of each of `request_ids` (of `model`) in `topic` within the time range.
     Blocking: call it in a thread."""
     wanted = set(request_ids)
@@ -86,13 +87,14 @@ def served_results(
         select=select,
         stall_timeout_s=stall_timeout_s,
     )
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, ResultRecord] = {}
     firsts: dict[str, tuple[int, int]] = {}
     try:
         while not reader.done:
             for chunk in reader.poll():
                 for record in chunk.records:
-                    result = record.request
+                    # This reader decodes the results topic: its records are results.
+                    result = cast(ResultRecord | None, record.request)
                     if result is None:
                         continue
                     rid = str(result["request_id"])

@@ -39,7 +39,7 @@ from tidegate.core.kafka import make_consumer, make_producer
 from tidegate.core.settings import KafkaSettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.dlq.envelopes import source_position
-from tidegate.dlq.redelivery import redelivery_headers, step
+from tidegate.dlq.redelivery import read_back, redelivery_headers, step
 from tidegate.schemas.catalog import DEAD_LETTER_ENVELOPE, load_schema
 from tidegate.schemas.codec import AvroDecoder
 
@@ -64,7 +64,7 @@ def republished(
     """Topic, partition, key, value and headers of a waiting request sent through again."""
     code = str(envelope["error"]["code"])
     held = code == _HELD
-    history = [{**s, "at": _ms(s["at"])} for s in envelope.get("history") or ()]
+    history = [read_back(s) for s in envelope.get("history") or ()]
     history.append(step("hold" if held else "retry", at_ms, source=taken_from, reason=code))
     failed_before = not held or any(s.get("kind") == "retry" for s in history)
     source = envelope["source"]

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import pkgutil
+import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic.fields import FieldInfo
@@ -33,23 +34,29 @@ _SKIP = ("tidegate.tests",)
 def settings_classes() -> list[type[BaseSettings]]:
     """Every settings class defined in a `tidegate.*` module, ordered by env prefix."""
     found: dict[str, type[BaseSettings]] = {}
-    for info in pkgutil.walk_packages(tidegate.__path__, "tidegate."):
-        if info.name.startswith(_SKIP) or info.name.endswith(".__main__"):
-            continue
-        spec_path = getattr(info.module_finder, "path", "")
-        source = Path(spec_path, *info.name.split(".")[1:]).with_suffix(".py")
-        if source.is_file() and "BaseSettings" not in source.read_text(errors="replace"):
-            continue
-        module = importlib.import_module(info.name)
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, BaseSettings)
-                and value is not BaseSettings
-                and value.__module__ == info.name
-            ):
-                found[f"{value.__module__}.{value.__qualname__}"] = value
+    # Read the sources rather than walk the packages: walking imports every package's __init__,
+    # and some (the example models) import torch, which the fast tier must not pay for.
+    root = Path(tidegate.__path__[0])
+    for folder, _dirs, files in os.walk(root, followlinks=True):
+        for file in sorted(files):
+            source = Path(folder, file)
+            if file.endswith(".py") and "BaseSettings" in source.read_text(errors="replace"):
+                parts = source.relative_to(root).with_suffix("").parts
+                name = ".".join(("tidegate", *parts)).removesuffix(".__init__")
+                if not name.startswith(_SKIP):
+                    _collect(importlib.import_module(name), found)
     return sorted(found.values(), key=lambda cls: (_prefix(cls), cls.__qualname__))
+
+
+def _collect(module: ModuleType, found: dict[str, type[BaseSettings]]) -> None:
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, BaseSettings)
+            and value is not BaseSettings
+            and value.__module__ == module.__name__
+        ):
+            found[f"{value.__module__}.{value.__qualname__}"] = value
 
 
 def _prefix(cls: type[BaseSettings]) -> str:

@@ -127,3 +127,35 @@ class LifecycleSettings(BaseSettings):
     group_lag_every_s: float = Field(
         15.0, gt=0, le=3600, description="How often the controller reads the workers' lag."
     )
+    pool_scaling_every_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="How often the controller exports each pool's desired workers "
+        "(`tidegate_pool_desired_workers`, docs/pools.md).",
+    )
+    pool_scaling_window_s: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="The window a pool's request rate is counted over; its trend compares the "
+        "last window with the one before.",
+    )
+    pool_worker_rate: float = Field(
+        500.0,
+        gt=0,
+        description="Requests a second one worker serves, for pools not in pool_worker_rates "
+        "(measure yours with `make bench`).",
+    )
+    pool_worker_rates: dict[str, float] = Field(
+        default_factory=dict,
+        description="Requests a second one worker of each named pool serves (JSON object).",
+    )
+    pool_worker_start_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="How long a new worker takes to start before it loads models (pod "
+        "scheduling, image, process): added to its pool's load time to get how far ahead the "
+        "desired workers look.",
+    )

@@ -1,21 +1,8 @@
-"""A circuit breaker for one model version: closed, open, half-open (decision 014).
-
-Counted per request: a model call of N requests is N calls, so a worker that batches 32 requests
-per call and one that runs them alone trip at the same failure rate. The caller (the data plane)
-says which outcomes count: successes and model failures (errors, timeouts, unavailable) do,
-a client's error (an invalid input, one bad row isolated by bisection) is `ignored`.
-
-- closed: every call goes; outcomes are counted in a sliding window of `window_s` (ten buckets).
-  Once the window holds at least `min_calls` calls and more than `failure_rate` of them failed,
-  the breaker opens.
-- open: no call goes for the open period: `open_s` on the first trip, doubled on each trip in a
-  row (a half-open probe that failed), capped at `max_open_s`.
-- half-open: once the open period is over, up to `probes` calls go; the first failure among them
-  opens the breaker again (for a doubled period), `probes` successes close it and reset the
-  backoff. Calls beyond the probes are refused like in the open state.
-
-Nothing here reads a clock of its own or does I/O: `clock` is injected (monotonic seconds), and
-the owner publishes the transitions `admit` and `record` return.
+"""A circuit breaker for one model version (`Breaker`): closed, open, half-open, counted per
+request. Nothing here reads a clock of its own or does I/O: `clock` is injected (monotonic
+seconds), and the owner publishes the transitions `admit` and `record` return.
+The states and what counts: docs/breakers.md ("The states", "What counts"); why:
+docs/decisions/014-circuit-breakers.md ("Choice").
 """
 
 from __future__ import annotations

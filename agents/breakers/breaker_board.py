@@ -129,16 +129,20 @@ class BreakerBoard:
         if self._publish is None:
             return
         now_ms = int(self._wall() * 1000)
+        changed_ms, open_until_ms = now_ms, None
+        if state is BreakerState.OPEN:
+            # The period runs from the trip, a moment before this snapshot: both ends are dated
+            # from it, so readers see the whole period, not what was left of it.
+            open_until_ms = now_ms + round(snap.reopens_in_s * 1000)
+            changed_ms = open_until_ms - round(snap.open_for_s * 1000)
         key = breaker_key(model, version, self.worker_id)
         record = {
             "model": model,
             "version": version,
             "worker_id": self.worker_id,
             "state": state.value,
-            "changed_at": now_ms,
-            "open_until": now_ms + round(snap.reopens_in_s * 1000)
-            if state is BreakerState.OPEN
-            else None,
+            "changed_at": changed_ms,
+            "open_until": open_until_ms,
             "trips": snap.trips,
             "calls": snap.calls,
             "failures": snap.failures,

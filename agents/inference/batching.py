@@ -1,16 +1,6 @@
-"""Dynamic batching, as Triton's dynamic batcher and Ray Serve's batch queue do it: one queue per
-model, fed by every partition.
-
-A queue dispatches as soon as its model is idle, taking everything queued up to `max_batch_size`.
-While a batch runs, new items collect, and the next batch goes the moment the running one ends, so
-batches grow with the load and an idle model adds no delay. `max_batch_delay_ms` > 0 lets an idle
-model wait that long (from the first queued item's arrival) for a fuller batch, as Triton's
-`max_queue_delay_microseconds`; 0, the default, dispatches at once (Ray's `batch_wait_timeout_s=0`).
-
-Items carry no future: the caller's only consumer reads results in batch order, so each finished
-batch goes to `deliver` whole, with its results in order, or with the one exception that fails
-every member (the handler raised, or returned a different number of results than it was given).
-One wake-up per batch, not one per item.
+"""Dynamic batching (`KeyedBatcher`, one `BatchQueue` per model, fed by every partition): a queue
+dispatches as soon as its model is idle, and each finished batch goes to `deliver` whole.
+How batches form: docs/worker.md ("Batches").
 """
 
 from __future__ import annotations

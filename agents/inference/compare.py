@@ -1,16 +1,6 @@
-"""How a shadow candidate's outputs differ from the primary's, for one request.
-
-The numbers are sums, not means, so that the indexer and `models compare` can add them up over
-any set of requests and divide once (a mean of per-request means would weigh a one-row request
-like a hundred-row one):
-
-* every kind: `abs_diff_sum`, the sum of |primary - candidate| over every value of every compared
-  output, and `values`, how many values that was;
-* classifiers: `agree_rows`, the rows whose argmax (predicted class) is the same;
-* embeddings: `cosine_sum`, the sum over rows of the cosine similarity of the two vectors.
-
-What a model's outputs mean comes from its manifest's `task`; manifests written before that field
-existed get a guess from the signature (`guess_task`).
+"""How a shadow candidate's outputs differ from the primary's, for one request (`compare`): sums,
+not means, so that any set of requests can be added up and divided once.
+The numbers and the model's task: docs/lifecycle.md ("Rollout").
 """
 
 from __future__ import annotations

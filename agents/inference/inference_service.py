@@ -1,25 +1,7 @@
-"""The inference service: the one core that turns decoded requests into `InferenceResult` records.
-
-Each request is routed here, by the model's lifecycle routing table: an explicit version if it is
-servable, else the tenant's pin or experiment, else the sticky weighted split over the versions this
-worker has warm (`tidegate.lifecycle.domain.routing`). The result carries the version and the rule.
-
-For a batch (one partition's, in the worker) it answers without compute what needs none: requests
-rejected while decoding, past their deadline, for unknown models or versions, or with inputs that do
-not match the model signature. The rest is split by (model, version) — and by the shape of the
-non-batch dimensions, which must agree to be stacked — and each sub-batch runs as one model call:
-inputs concatenated along dim 0, outputs split back by each request's rows. Requests the split
-served and a shadow version samples are handed to the `ShadowRunner` once every result is made.
-
-When a model call fails, the sub-batch is bisected until the failing requests are alone, so one bad
-input never fails its batch-mates. Errors that are not about an input (the model is unavailable,
-or it returned the wrong number of rows) fail the sub-batch at once, every member explicitly.
-
-With a `BreakerBoard`, each (model, version) sub-batch first asks its version's circuit breaker
-how many of its requests may run (docs/breakers.md); the refused ones go to the model's declared
-fallback when it is loaded here and the caller allows it (rule `fallback:breaker-open@<model>/
-<version>`), else they are answered UNAVAILABLE at once, with the breaker's reopening time in
-the error's details. Each model call's outcome is recorded per request.
+"""The inference service (`InferenceService`): the one core that turns decoded requests into
+`InferenceResult` records: routing, answers that need no compute, one model call per version and
+shape, bisection of failing batches, breakers and fallbacks, shadows.
+How a batch is served: docs/worker.md ("The inference service").
 """
 
 from __future__ import annotations
@@ -54,6 +36,7 @@ from tidegate.core.errors import (
     TidegateError,
 )
 from tidegate.lifecycle.domain.routing import Decision
+from tidegate.schemas.records import ResultRecord
 from tidegate.schemas.requests import diverted_from
 from tidegate.schemas.tensors import from_numpy, to_numpy
 
@@ -64,7 +47,6 @@ __all__ = [
     "RowCountError",
 ]
 
-Result = dict[str, Any]
 # Only requests the traffic split served are shadowed: pinned and explicit ones are someone's
 # deliberate choice, not a sample of live traffic.
 SHADOWED_RULES = ("split@", "warming-fallback@")
@@ -119,9 +101,9 @@ class InferenceService:
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
-    ) -> list[Result]:
+    ) -> list[ResultRecord]:
         """One result per task, in order."""
-        results: list[Result | None] = [None] * len(tasks)
+        results: list[ResultRecord | None] = [None] * len(tasks)
         groups: dict[Hashable, tuple[LoadedModel, list[_Member]]] = {}
         loaded: dict[tuple[str, str], LoadedModel] = {}
         now_ms = time.time() * 1000.0
@@ -189,7 +171,7 @@ class InferenceService:
         self,
         board: BreakerBoard,
         groups: dict[Hashable, tuple[LoadedModel, list[_Member]]],
-        results: list[Result | None],
+        results: list[ResultRecord | None],
     ) -> dict[Hashable, tuple[LoadedModel, list[_Member]]]:
         """The groups each version's breaker lets run; the refused members go to the fallback's
         groups, or are answered. Per request only for refused members, which run nothing."""
@@ -216,7 +198,9 @@ class InferenceService:
             if moved is None:
                 result = self._failed_member(model, member, refused_error(model), 0)
                 reopens = board.reopens_at_ms(model.name, model.version)
-                result["error"]["details"] = {NOT_BEFORE: str(reopens), "breaker": "open"}
+                error = result.get("error")
+                if error is not None:
+                    error["details"] = {NOT_BEFORE: str(reopens), "breaker": "open"}
                 results[member.index] = result
                 continue
             metrics.FALLBACKS.labels(model.name, target.name, "breaker-open").inc()
@@ -227,7 +211,7 @@ class InferenceService:
         self,
         model: LoadedModel,
         members: list[_Member],
-        results: list[Result | None],
+        results: list[ResultRecord | None],
         jobs: list[ShadowJob],
     ) -> None:
         """Run one group and tell its version's breaker how the calls went."""
@@ -245,7 +229,7 @@ class InferenceService:
         self,
         model: LoadedModel,
         members: list[_Member],
-        results: list[Result | None],
+        results: list[ResultRecord | None],
         jobs: list[ShadowJob],
     ) -> _Outcome:
         for member in members:
@@ -345,7 +329,7 @@ class InferenceService:
 
     def _failed_member(
         self, model: LoadedModel, member: _Member, exc: BaseException, size: int
-    ) -> Result:
+    ) -> ResultRecord:
         if not isinstance(exc, TidegateError):
             exc = ModelExecutionError(f"{type(exc).__name__}: {exc}")
         timings = Timings(member.waited_ms, 0.0, size)
@@ -361,19 +345,19 @@ class InferenceService:
         version: str | None,
         timings: Timings,
         rule: str | None,
-    ) -> Result:
+    ) -> ResultRecord:
         return error_result(
             task, exc, worker_id=self.worker_id, version=version, timings=timings, rule=rule
         )
 
-    def _observe(self, results: list[Result]) -> None:
+    def _observe(self, results: list[ResultRecord]) -> None:
         """The batch's metrics: one increment per (model, version, status) it holds."""
         counts: dict[tuple[str, str, str], int] = {}
         for result in results:
             model, version = result["model"], result["model_version"]
             if version is None and self.tables.table(model) is None:
                 model = "_unknown"  # names from requests must not grow the label set unbounded
-            label = (model, version or "", result["status"])
+            label: tuple[str, str, str] = (model, version or "", result["status"])
             counts[label] = counts.get(label, 0) + 1
             metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
         for label, count in counts.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,7 @@ __all__ = [
     "ModelLoader",
     "VersionKey",
     "Versions",
+    "resident_bytes",
     "store_loader",
     "unload",
 ]
@@ -39,6 +41,7 @@ __all__ = [
 log = get_logger(__name__)
 
 VersionKey = tuple[str, str]
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,9 @@ class LoadedModel:
     """What the outputs mean, for shadow comparisons (the manifest's `task`, or a guess)."""
     load_ms: float = 0.0
     """Fetch, checksum, load and warm-up time, measured by the cache."""
+    rss_bytes: int | None = None
+    """How much the process's resident memory grew during the load, measured by the cache; None
+    when another load overlapped it (their growth cannot be told apart) or RSS is unreadable."""
 
     @property
     def batchable(self) -> bool:
@@ -92,6 +98,12 @@ class ModelCache:
         self._models: OrderedDict[VersionKey, LoadedModel] = OrderedDict()
         self._failures: dict[VersionKey, tuple[float, TidegateError]] = {}
         self._locks: dict[VersionKey, asyncio.Lock] = {}
+        # Loads running now, and whether each overlapped another (its RSS growth is then shared).
+        self._loading: dict[VersionKey, bool] = {}
+        self._used_at: dict[VersionKey, float] = {}  # time.monotonic() of each version's last get
+        # Runtime classes loaded before: the first load of each also pays the runtime's own
+        # start (onnxruntime's about 30 MiB), so its RSS growth is no measure of the version.
+        self._kinds: set[type[object]] = set()
 
     def __len__(self) -> int:
         return len(self._models)
@@ -102,6 +114,10 @@ class ModelCache:
     def by_recency(self) -> list[VersionKey]:
         """Loaded versions, the least recently used first."""
         return list(self._models)
+
+    def used_at(self, key: VersionKey) -> float:
+        """When a request last took the version (`time.monotonic()`); 0 for never."""
+        return self._used_at.get(key, 0.0)
 
     def peek(self, name: str, version: str) -> LoadedModel | None:
         """The version if it is loaded and warm; never loads, never counts as a use."""
@@ -117,6 +133,7 @@ class ModelCache:
 
     async def get(self, name: str, version: str) -> LoadedModel:
         key = (name, version)
+        self._used_at[key] = time.monotonic()
         model = self._models.get(key)
         if model is not None:
             self._models.move_to_end(key)
@@ -132,6 +149,10 @@ class ModelCache:
             if failed is not None and now - failed[0] < self._retry_after:
                 raise failed[1]
             started = time.perf_counter()
+            rss_before = resident_bytes()
+            for other in self._loading:
+                self._loading[other] = True
+            self._loading[key] = bool(self._loading)
             try:
                 model = await self._loader(name, version)
             except ModelNotFoundError as exc:
@@ -142,8 +163,16 @@ class ModelCache:
                 self._failures[key] = (now, error)
                 log.exception("loading %s version %s failed", name, version)
                 raise error from exc
+            finally:
+                overlapped = self._loading.pop(key)
             load_ms = (time.perf_counter() - started) * 1000.0
-            model = dataclasses.replace(model, load_ms=load_ms)
+            rss_after = resident_bytes()
+            grown = None
+            first = type(model.runtime) not in self._kinds
+            self._kinds.add(type(model.runtime))
+            if not (overlapped or first) and rss_before is not None and rss_after is not None:
+                grown = max(0, rss_after - rss_before)
+            model = dataclasses.replace(model, load_ms=load_ms, rss_bytes=grown)
             self._failures.pop(key, None)
             self._models[key] = model
             log.info(
@@ -158,12 +187,23 @@ class ModelCache:
     def pop(self, name: str, version: str) -> LoadedModel | None:
         """Take the version out of the cache (the caller unloads it): new requests load it again,
         calls already handed to its runtime finish first."""
+        self._used_at.pop((name, version), None)
         return self._models.pop((name, version), None)
 
     async def close(self) -> None:
         models, self._models = self._models, OrderedDict()
         for model in models.values():
             await unload(model)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set size, from /proc (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * _PAGE_BYTES
 
 
 async def unload(model: LoadedModel) -> None:

@@ -1,22 +1,13 @@
-"""The workers' data plane run offline, on versions the operator names: what `tidegate replay` and
-`tidegate backtest` compute with.
-
-It is the live `InferenceService` (signature checks, batching by version and shape, bisection of
-failing batches, the result builders) over a routing table that serves exactly the versions it
-is asked for: each request is set to its chosen version explicitly, so no lifecycle state, traffic
-split or shadow takes part, and a version needs no promotion to be scored. Versions load from the
-artifact store with the workers' own loader and cache (checksums verified, warmed up).
-
-What differs from the live path, on purpose: a request's deadline is dropped (a replay is not
-the caller's call, and it would have passed), and the timings are the replay's own (no queueing;
-`total_ms` is the batch's compute).
+"""The workers' data plane run offline, on versions the operator names (`OfflineScorer`): what
+`tidegate replay` and `tidegate backtest` compute with. A request's deadline is dropped on purpose
+(a replay is not the caller's call), and the timings are the replay's own.
+How: docs/replay.md ("Replay").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from tidegate.agents.inference.inference_service import InferenceService
 from tidegate.agents.inference.loaded import LoadedModel, ModelCache, ModelLoader, store_loader
@@ -24,6 +15,7 @@ from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.dlq.replay_reader import SourceRecord
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.models.model_settings import ModelSettings
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["ChosenVersions", "OfflineScorer"]
 
@@ -75,7 +67,7 @@ class OfflineScorer:
     def from_settings(cls, models: ModelSettings, *, worker_id: str) -> OfflineScorer:
         return cls(store_loader(models), worker_id=worker_id)
 
-    async def score(self, items: Sequence[tuple[SourceRecord, str]]) -> list[dict[str, Any]]:
+    async def score(self, items: Sequence[tuple[SourceRecord, str]]) -> list[ResultRecord]:
         """One `InferenceResult` record per (record, version), in order, computed in the
         batches the items make (callers pass one chunk at a time, so batches are
         reproducible)."""
@@ -84,11 +76,11 @@ class OfflineScorer:
         for record, version in items:
             if record.request is None:
                 raise ValueError("only decoded requests can be scored")
-            request = dict(record.request)
+            request = record.request.copy()
             request["model_version"] = version
             request["deadline"] = None
             self._versions.choose(str(request["model"]), version)
-            tasks.append(InferenceTask(request, source=dict(record.position), received_ms=now_ms))
+            tasks.append(InferenceTask(request, source=record.position.copy(), received_ms=now_ms))
         results = await self._service.process(tasks, [0.0] * len(tasks))
         for result in results:
             timings = result["timings"]

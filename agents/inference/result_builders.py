@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import (
@@ -15,6 +14,7 @@ from tidegate.core.errors import (
     RetriableError,
 )
 from tidegate.dlq.envelopes import error_info
+from tidegate.schemas.records import ResultRecord, ResultStatus, TensorRecord
 
 __all__ = ["FAILED_STATUSES", "Timings", "error_result", "ok_result", "status_of"]
 
@@ -22,7 +22,7 @@ __all__ = ["FAILED_STATUSES", "Timings", "error_result", "ok_result", "status_of
 FAILED_STATUSES = frozenset({"ERROR", "UNAVAILABLE"})
 
 
-def status_of(exc: BaseException) -> str:
+def status_of(exc: BaseException) -> ResultStatus:
     """The result status an error maps to; anything unforeseen is an ERROR."""
     if isinstance(exc, InvalidInputError):
         return "INVALID"
@@ -45,12 +45,12 @@ class Timings:
 def _base(
     task: InferenceTask,
     *,
-    status: str,
+    status: ResultStatus,
     version: str | None,
     timings: Timings,
     worker_id: str,
     rule: str | None,
-) -> dict[str, Any]:
+) -> ResultRecord:
     now = time.time() * 1000.0
     created = task.created_ms
     request = task.request
@@ -87,14 +87,14 @@ def _base(
 
 def ok_result(
     task: InferenceTask,
-    outputs: Sequence[dict[str, Any]],
+    outputs: Sequence[TensorRecord],
     *,
     version: str,
     timings: Timings,
     worker_id: str,
     rule: str | None = None,
     cached: bool = False,
-) -> dict[str, Any]:
+) -> ResultRecord:
     """A result with outputs; `cached` when they came from the prediction cache."""
     result = _base(
         task, status="OK", version=version, timings=timings, worker_id=worker_id, rule=rule
@@ -112,7 +112,7 @@ def error_result(
     version: str | None = None,
     timings: Timings | None = None,
     rule: str | None = None,
-) -> dict[str, Any]:
+) -> ResultRecord:
     """A result that answers the request with the structured error instead of outputs."""
     result = _base(
         task,

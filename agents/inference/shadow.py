@@ -1,14 +1,7 @@
-"""Shadow runs: a candidate version computes on the very inputs the primary served, and the two
-outputs are compared and published to the shadow topic. The candidate's outputs are never
-returned to anyone.
-
-The service hands over a sub-batch's sampled requests (`ShadowJob`) only once their results are
-computed, and each job runs as its own task that first yields to the loop, so the deliveries
-waiting on those results go out before the candidate starts: a shadow neither delays nor changes
-a primary result. Compute runs on the candidate runtime's own thread. At most `max_in_flight` jobs
-run at once; more are skipped and counted (`tidegate_worker_shadow_skipped_total`), so a slow
-candidate costs comparisons, never latency. A candidate that fails is recorded as
-`candidate_error` (bisected like the primary, so one bad input does not blame its batch-mates).
+"""Shadow runs (`ShadowRunner`): a candidate version computes on the very inputs the primary served,
+and the two outputs are compared and published to the shadow topic, never returned to anyone.
+A shadow neither delays nor changes a primary result.
+How: docs/lifecycle.md ("Rollout").
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ version and its requests' tensor names, datatypes and shapes."""
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
 
 from tidegate.agents.inference.loaded import LoadedModel
 from tidegate.core.errors import InvalidInputError
+from tidegate.schemas.records import RequestRecord
 from tidegate.schemas.signature import validate_inputs
 
 __all__ = ["SignatureChecks"]
@@ -22,7 +22,7 @@ class SignatureChecks:
     def __init__(self) -> None:
         self._passed: dict[Hashable, tuple[str, ...]] = {}
 
-    def outputs(self, model: LoadedModel, request: dict[str, Any]) -> tuple[str, ...]:
+    def outputs(self, model: LoadedModel, request: RequestRecord) -> tuple[str, ...]:
         """The outputs the request gets; `InvalidInputError` when it does not fit the model."""
         inputs = request["inputs"]
         asked = request.get("outputs")

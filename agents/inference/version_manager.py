@@ -1,32 +1,21 @@
-"""Which model versions this worker keeps loaded, and telling the lifecycle so.
-
-The lifecycle's routing tables say which versions are wanted (primary, weighted, shadowed,
-canaried, pinned). On every table change the manager loads the wanted versions in the background
-(fetch, checksum, load, warm-up) and only then reports `VersionLoaded` with this worker's id: the
-fold gives a version no traffic until some worker reported it warm, and this worker's router sends
-none to a version it has not loaded itself (`ready`). So routed traffic never meets a cold model.
-
-A request that names an old version explicitly (or a tenant pin to one not loaded yet) loads it on
-demand: that request waits, nothing else does. At most `max_loaded` versions stay loaded; past
-that the least recently used one that is not wanted is evicted (a wanted one never is). Versions
-that are retired or failed validation are unloaded at once. Every unload is reported with
-`VersionUnloaded`, and a graceful stop reports one for each version still loaded.
-
-Reports are appended to the lifecycle log in the background and retried while it is unreachable:
-the worker goes on serving from what it has loaded meanwhile.
+"""Which model versions this worker keeps loaded, and telling the lifecycle so (`VersionManager`):
+wanted versions are loaded and warmed up before they are reported, so routed traffic never meets
+a cold model. Create and use it on one event loop.
+Loading, eviction and reports: docs/lifecycle.md ("Routing").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference.loaded import LoadedModel, ModelCache, VersionKey, unload
 from tidegate.core.aio import cancel_and_wait
-from tidegate.core.errors import TidegateError
+from tidegate.core.errors import ModelUnavailableError, TidegateError
 from tidegate.core.telemetry import get_logger
 from tidegate.lifecycle.domain.events import NewEvent, Payload, VersionLoaded, VersionUnloaded
 from tidegate.lifecycle.domain.routing import RoutingTable
@@ -40,6 +29,8 @@ Report = Callable[[str, Sequence[NewEvent]], Awaitable[object]]
 """Append events to a model's stream (`LifecycleLog.append` without an expected version)."""
 
 _STOP_REPORT_S = 5.0
+_HEADROOM = 0.05
+"""The share of the memory budget kept free: a load's real size may exceed its prediction."""
 
 
 class TableSource(Protocol):
@@ -62,8 +53,25 @@ class VersionManager:
         unload_grace_s: float = 2.0,
         retry_report_s: float = 2.0,
         retry_loads_s: float = 10.0,
+        pool: str | None = None,
+        budget_bytes: int | None = None,
+        busy_s: float = 0.25,
+        leave_idle_s: float = 5.0,
     ) -> None:
+        """`pool`: the pool this worker serves; it keeps only the models placed there loaded
+        (a request for another model still loads it cold, so a stale placement loses nothing).
+        `budget_bytes`: the resident memory the loaded versions may account for (None: only
+        `max_loaded` counts); a version a request took in the last `busy_s` is never evicted.
+        A model placed in another pool stays loaded here until no request took it for
+        `leave_idle_s`: its requests already in this pool's topics drain on a warm model."""
         self.cache = cache
+        self.pool = pool
+        self._budget = budget_bytes
+        self._busy_s = busy_s
+        self._leave_idle_s = leave_idle_s
+        # Each version's measured size (RSS growth at its load), kept after it is unloaded: the
+        # prediction for its next load.
+        self._sizes: dict[VersionKey, int] = {}
         self.worker_id = worker_id
         self._tables = tables
         self._report = report
@@ -96,6 +104,11 @@ class VersionManager:
             return await self.cache.get(model, version)
         metrics.COLD_LOADS.labels(model, version).inc()
         self._evict(keep=None, limit=self._max - 1)
+        if not self._make_room((model, version), wanted_too=True):
+            raise ModelUnavailableError(
+                f"{model} version {version} does not fit this worker's memory budget now: "
+                "every loaded version is in use"
+            )
         loaded = await self.cache.get(model, version)
         self._loaded(loaded)
         return loaded
@@ -151,6 +164,15 @@ class VersionManager:
                 self._drop((name, version), why)
         if table is None:
             return
+        if table.pool != self.pool:
+            # Placed in another pool: its workers load it, and this one frees the memory once
+            # the model's requests left in this pool's topics are served (the periodic
+            # reconcile in `_run` looks again).
+            idle_since = time.monotonic() - self._leave_idle_s
+            for key in self.cache.loaded():
+                if key[0] == model and self.cache.used_at(key) < idle_since:
+                    self._drop(key, f"placed in {table.pool or 'the default pool'}")
+            return
         for version in sorted(table.wanted):
             key = (model, version)
             if self.cache.peek(*key) is None and self.cache.failure(*key) is None:
@@ -158,7 +180,7 @@ class VersionManager:
 
     def _wanted(self, key: VersionKey) -> bool:
         table = self._tables.table(key[0])
-        return table is not None and key[1] in table.wanted
+        return table is not None and table.pool == self.pool and key[1] in table.wanted
 
     async def _run(self) -> None:
         while True:
@@ -191,6 +213,11 @@ class VersionManager:
                 continue  # the table changed again meanwhile
             if self.cache.peek(*key) is None:
                 self._evict(keep=None, limit=self._max - 1)
+                if not self._make_room(key, wanted_too=False):
+                    # Only wanted or busy versions fill the budget: this one loads when a
+                    # request asks for it, in place of the least recently used idle one.
+                    log.debug("%s version %s left to load on demand: memory budget full", *key)
+                    continue
             try:
                 loaded = await self.cache.get(*key)
             except TidegateError as exc:
@@ -202,9 +229,17 @@ class VersionManager:
 
     def _loaded(self, model: LoadedModel) -> None:
         key = (model.name, model.version)
+        if model.rss_bytes is not None:
+            self._sizes[key] = model.rss_bytes
+        # Measured, the load may be larger than predicted: the budget holds as measured.
+        self._fit(0, keep=key, wanted_too=True)
+        metrics.LOADED_BYTES.set(self.loaded_bytes())
         if key not in self._announced:
             self._announced.add(key)
-            self._queue(model.name, VersionLoaded(model.version, self.worker_id, model.load_ms))
+            loaded = VersionLoaded(
+                model.version, self.worker_id, model.load_ms, model.rss_bytes, self.pool
+            )
+            self._queue(model.name, loaded)
         table = self._tables.table(model.name)
         if table is None or model.version not in table.servable:
             self._drop(key, "retired")  # retired while it loaded
@@ -219,8 +254,51 @@ class VersionManager:
             if over <= 0:
                 return
             if key != keep and not self._wanted(key):
+                metrics.EVICTIONS.labels(*key, "count").inc()
                 self._drop(key, "evicted")
                 over -= 1
+
+    # -- the memory budget ------------------------------------------------------------------
+
+    def _size(self, key: VersionKey) -> int:
+        """A version's measured size; else the average of the measured ones (0 for none)."""
+        size = self._sizes.get(key)
+        if size is not None:
+            return size
+        known = self._sizes.values()
+        return sum(known) // len(known) if known else 0
+
+    def loaded_bytes(self) -> int:
+        """The resident memory the loaded versions account for."""
+        return sum(self._size(key) for key in self.cache.loaded())
+
+    def _make_room(self, key: VersionKey, *, wanted_too: bool) -> bool:
+        """Whether `key` fits the budget (less its headroom) once idle versions are evicted,
+        least recently used first: those no table wants, then, with `wanted_too`, wanted ones
+        (a request waits on this load; they load again on their next request)."""
+        return self._fit(self._size(key), keep=key, wanted_too=wanted_too)
+
+    def _fit(self, need: int, *, keep: VersionKey, wanted_too: bool) -> bool:
+        """Evict idle versions other than `keep` until the loaded ones and `need` more bytes fit
+        the budget; whether they do."""
+        if self._budget is None:
+            return True
+        limit = int(self._budget * (1 - _HEADROOM))
+        if self.loaded_bytes() + need <= limit:
+            return True
+        busy_since = time.monotonic() - self._busy_s
+        idle = [
+            k for k in self.cache.by_recency() if k != keep and self.cache.used_at(k) < busy_since
+        ]
+        victims = [k for k in idle if not self._wanted(k)]
+        if wanted_too:
+            victims += [k for k in idle if self._wanted(k)]
+        for victim in victims:
+            metrics.EVICTIONS.labels(*victim, "memory").inc()
+            self._drop(victim, "evicted: memory budget")
+            if self.loaded_bytes() + need <= limit:
+                return True
+        return False
 
     def _drop(self, key: VersionKey, reason: str) -> None:
         model = self.cache.pop(*key)
@@ -234,6 +312,7 @@ class VersionManager:
         self._unloads.add(task)
         task.add_done_callback(self._unloads.discard)
         metrics.LOADED_VERSIONS.set(len(self.cache))
+        metrics.LOADED_BYTES.set(self.loaded_bytes())
 
     async def _unload_later(self, model: LoadedModel) -> None:
         # Requests routed just before the drop may still hold the version: give them time.

@@ -1,23 +1,8 @@
-"""Crash loops: a message whose processing kills the worker process is quarantined after N kills.
-
-The count must outlive the process, so it is kept in Redis, in one hash per partition
-(`tidegate:crash:<group>:<topic>:<partition>`):
-
-* `hi`: an offset above every one the partition's owner has read. Before a poll's messages are
-  processed, a poll that read past it moves it 256 offsets ahead of what it read (one write per
-  256 messages, not per poll); it is deleted when the owner lets the partition go cleanly
-  (revoke, stop). A `hi` found on assignment therefore means the last owner died holding it.
-* `range`: the suspects: from the position the group resumes at up to the dead owner's `hi`.
-  The new owner processes them one at a time, each under a `solo` mark, before anything else of
-  the partition; the range is deleted once it is passed.
-* `solo`: the offset being processed alone. Found on assignment, it is that message which killed
-  the last owner: its count `n:<offset>` goes up, by two the first time (it was in the range of
-  the crash before too). At `crash_limit` it is quarantined without being decoded again: a
-  CRASH_LOOP dead letter on the poison topic, and its partition moves on.
-
-So a healthy worker pays one pipelined Redis write per 256 messages of a partition, and nothing
-else; only after a crash do the suspects cost a write each. When Redis is unreachable the guard
-stands down (a WARNING and `tidegate_worker_crash_guard_errors`) rather than stop serving.
+"""Crash loops (`CrashGuard`): a message whose processing kills the worker process is quarantined
+after `crash_limit` kills, counted in Redis in one hash per partition. When Redis is unreachable
+the guard stands down rather than stop serving.
+The marks and what they cost: docs/failures.md ("Crash loops (`agents/kafka_io/crash_guard.py`,
+`agents/kafka_io/solo_lane.py`)").
 """
 
 from __future__ import annotations

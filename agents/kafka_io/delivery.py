@@ -31,6 +31,7 @@ from tidegate.schemas.catalog import (
     load_schema,
 )
 from tidegate.schemas.codec import AvroEncoder
+from tidegate.schemas.records import ReplyToRecord, ResultRecord
 from tidegate.schemas.requests import SUBMISSION_HEADER
 
 __all__ = ["Ack", "ResultPublisher"]
@@ -100,7 +101,7 @@ class ResultPublisher:
         meta = found.get(topic)
         return len(meta.partitions) if meta is not None and meta.error is None else 0
 
-    def reply_refusal(self, reply_to: Mapping[str, Any] | None) -> str | None:
+    def reply_refusal(self, reply_to: ReplyToRecord | None) -> str | None:
         """Why a request's `reply_to` is not honoured, or None. A reply goes only to a partition
         of the configured replies topic: a request may not steer the worker's producer to any
         other topic (`_schemas`, the lifecycle log) or to a partition that does not exist."""
@@ -125,7 +126,7 @@ class ResultPublisher:
         self._replies_read_at = now
         return True
 
-    def encode_result(self, result: Mapping[str, Any]) -> bytes:
+    def encode_result(self, result: ResultRecord) -> bytes:
         # Naming the branch of record-typed unions spares fastavro from trying each candidate
         # (a quarter of the encoding time of a result).
         record = dict(result)
@@ -138,7 +139,7 @@ class ResultPublisher:
         self,
         value: bytes,
         key: bytes | None,
-        reply_to: Mapping[str, Any] | None,
+        reply_to: ReplyToRecord | None,
         ack: Ack | None,
         headers: KafkaHeaders | None = None,
         *,

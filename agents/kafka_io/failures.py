@@ -1,25 +1,13 @@
-"""Where a partition's failures go: the worker's side of the failure policy (`dlq.policy`).
-
-A failed result is answered, dead-lettered, quarantined or retried, as the policy decides from
-its error. A retried request publishes no result: its envelope goes to the retry topic of its
-next delay level, and the retry relay (`dlq.retry_relay`) sends it through the pipeline again
-when it is due, so its caller gets one answer, the final one. Envelopes carry the request's whole
-history: `attempt` counts deliveries and `first_failed_at` is the first failure's time.
-
-With `ordering="hold-key"`, while a request waits for a retry, later requests of its key are
-sent to wait behind it on the same retry topic (error code HELD_BEHIND_KEY, history kind
-`hold`), and only the oldest waiting request of a key is computed when it comes back. The holds
-are kept by the partition's owner: after a rebalance the new owner starts without them, so a
-key's order holds across retries only while its partition keeps its worker.
+"""Where a partition's failures go (`FailureRouter`): the worker's side of the failure policy
+(`dlq.policy`): answered, dead-lettered, quarantined or retried, with `hold-key` ordering.
+The policy and retries: docs/failures.md ("The failure policy (`dlq/policy.py`)", "Retries").
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.kafka_io.offsets import OffsetTracker
@@ -31,11 +19,11 @@ from tidegate.dlq.envelopes import dead_letter, source_position
 from tidegate.dlq.failure_settings import FailureSettings
 from tidegate.dlq.policy import ConfiguredPolicy, FailurePolicy, Verdict
 from tidegate.dlq.redelivery import retries_since_redrive
+from tidegate.schemas.records import ErrorRecord
 
 __all__ = ["HELD_BEHIND_KEY", "FailureRouter", "KeyHolds", "default_router"]
 
 HELD_BEHIND_KEY = "HELD_BEHIND_KEY"
-Result = dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -111,7 +99,7 @@ class FailureRouter:
         tracker: OffsetTracker,
         msg: KafkaMessage,
         offset: int,
-        error: Mapping[str, Any],
+        error: ErrorRecord,
         task: InferenceTask | None,
     ) -> None:
         self._letter(sink, tracker, self._topics.poison, msg, offset, error, task)
@@ -123,14 +111,15 @@ class FailureRouter:
         msg: KafkaMessage,
         offset: int,
         task: InferenceTask,
-        error: Mapping[str, Any],
+        error: ErrorRecord,
         version: str | None = None,
     ) -> tuple[int, int] | None:
         """Route a failed result's request. None: publish its result; when it is retried
         instead, its retry level and due time. The version that failed, if one was chosen, goes
         into the envelope's error details, so dead letters can be filtered by it."""
         if version is not None:
-            error = {**error, "details": {**(error.get("details") or {}), "version": version}}
+            error = error.copy()
+            error["details"] = {**(error.get("details") or {}), "version": version}
         history = task.lineage.history if task.lineage is not None else []
         verdict = self.policy.decide(task.model, error, retries_since_redrive(history))
         if verdict.action == "retry":
@@ -150,7 +139,7 @@ class FailureRouter:
         msg: KafkaMessage,
         offset: int,
         task: InferenceTask,
-        error: Mapping[str, Any],
+        error: ErrorRecord,
         verdict: Verdict,
         retry_at_ms: int | None = None,
     ) -> int:
@@ -174,7 +163,7 @@ class FailureRouter:
         retry_at_ms: int,
     ) -> None:
         """Send a request to wait behind an earlier one of its key, due just after it."""
-        error = {
+        error: ErrorRecord = {
             "code": HELD_BEHIND_KEY,
             "message": "an earlier request of the same key is waiting for a retry",
             "error_class": "",
@@ -195,7 +184,7 @@ class FailureRouter:
         topic: str,
         msg: KafkaMessage,
         offset: int,
-        error: Mapping[str, Any],
+        error: ErrorRecord,
         task: InferenceTask | None,
         *,
         retry_at_ms: int | None = None,
@@ -242,7 +231,7 @@ def default_router(
     )
 
 
-def _after_breaker(error: Mapping[str, Any], verdict: Verdict) -> int | None:
+def _after_breaker(error: ErrorRecord, verdict: Verdict) -> int | None:
     """A request an open breaker refused waits the open period out: its retry delay counts from
     when probes go again, so a breaker open for minutes does not burn the retry budget in
     seconds. None: an ordinary failure, whose delay counts from now."""

@@ -1,19 +1,6 @@
-"""Priority between a worker process's two lanes: real-time first, batch never starved.
-
-Each lane is a whole `InferenceWorker` on its own topic; both compute through one `LaneGate`. A
-real-time batch always starts at once. A batch-lane batch starts only while the real-time lane is
-idle (no batch of it running, and none ended within `idle_after_s`, the worker's
-`realtime_idle_ms`: a short gap between two real-time batches is not idleness), or while the batch
-lane's share of the recent time is below `batch_share`. Recent time is an exponentially decaying
-window (`window_s`): the share is the fraction of it during which a batch-lane batch was running,
-so under any real-time load the batch lane still computes about `batch_share` of the time.
-
-A batch that already runs is never interrupted: a real-time batch arriving meanwhile waits for the
-model (a runtime computes one call at a time, on its own thread) or the CPU it shares with it. So a
-batch-lane batch started in a gap of real-time traffic costs a real-time request up to that
-batch's compute time; `realtime_idle_ms` trades that against the free time the batch lane uses. A
-held batch-lane batch holds its requests in flight; once the lane's `max_in_flight` are, its
-consumer pauses, and the backlog waits in Kafka, not in memory.
+"""Priority between a worker process's two lanes (`LaneGate`): real-time first, batch never
+starved, its share of recent time kept by `BusyShare`. A running batch is never interrupted.
+How the gate decides, and what it costs: docs/lanes.md ("How a worker serves the lanes").
 """
 
 from __future__ import annotations

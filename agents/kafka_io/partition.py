@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference.result_builders import error_result
@@ -25,11 +24,11 @@ from tidegate.agents.tasks.decoding import KafkaMessage, RequestDecoder
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.telemetry import get_logger
 from tidegate.dlq.envelopes import error_info
+from tidegate.schemas.records import ErrorRecord, ResultRecord
 
 __all__ = ["PartitionPipeline", "Slot", "hand_over"]
 
 log = get_logger(__name__)
-Result = dict[str, Any]
 _REHOLD_MS = 100
 
 
@@ -41,7 +40,7 @@ class Slot:
     msg: KafkaMessage
     offset: int
     task: InferenceTask
-    result: Result | None = None
+    result: ResultRecord | None = None
 
 
 class PartitionPipeline:
@@ -97,7 +96,7 @@ class PartitionPipeline:
         self._slots.append(slot)
         return slot
 
-    def quarantine(self, msg: KafkaMessage, error: Result) -> None:
+    def quarantine(self, msg: KafkaMessage, error: ErrorRecord) -> None:
         """Quarantine a message without decoding it (it crashed workers before)."""
         offset = int(msg.offset() or 0)
         if self.first_offset is None:
@@ -169,7 +168,7 @@ class PartitionPipeline:
 
 
 def hand_over(
-    slots: Sequence[Slot], outcome: Sequence[Result] | BaseException, *, worker_id: str
+    slots: Sequence[Slot], outcome: Sequence[ResultRecord] | BaseException, *, worker_id: str
 ) -> None:
     """A batch finished: each slot gets its result (or, when the batch failed as a whole, the
     error), then every partition it touched passes its ready prefix to the sink. The caller

@@ -1,16 +1,8 @@
 """Result sinks: what a batch's results and dead letters become on Kafka, and when their offsets
-count as done. Like quixstreams' sinks, a sink is `add` then `flush`: partitions add their ready
-results in offset order, and the worker flushes once per batch (and once per poll, for poison).
-
-`AckedSink` (at-least-once, the default) encodes and produces a flush's records together and
-releases their offsets when Kafka acknowledged every one of them: one release per flush, served on
-the event loop with a single wake-up. `TransactionalSink` (exactly-once) produces inside a Kafka
-transaction and releases at once; its `commit()` sends the consumed positions with the transaction
-(`send_offsets_to_transaction`), so results, replies, dead letters and input offsets become visible
-together or not at all.
-
-Each entry holds one token of its offset in the partition's `OffsetTracker` from `add` until the
-sink releases it, which is how nothing after an undelivered record is ever committed.
+count as done. A sink is `add` then `flush`: `AckedSink` (at-least-once) releases offsets once
+Kafka acknowledged a flush, `TransactionalSink` (exactly-once) commits them with a transaction.
+Each entry holds its offset's token from `add` until released: nothing after an undelivered
+record is committed. How: docs/worker.md ("Results, offsets and commits").
 """
 
 from __future__ import annotations
@@ -32,6 +24,7 @@ from tidegate.agents.tasks import worker_tracing as tracing
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ModelExecutionError, SerializationError
 from tidegate.core.telemetry import get_logger
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["AckedSink", "ResultSink", "SinkEntry", "TransactionalSink"]
 
@@ -46,7 +39,7 @@ class SinkEntry:
     tracker: OffsetTracker
     offset: int
     key: bytes | None
-    result: dict[str, Any] | None = None
+    result: ResultRecord | None = None
     task: InferenceTask | None = None
     letter: tuple[str, Mapping[str, Any]] | None = None
 

@@ -14,7 +14,6 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 from confluent_kafka import Message
 
@@ -24,13 +23,13 @@ from tidegate.core.aio import cancel_and_wait
 from tidegate.core.errors import CrashLoopError, RetriableError
 from tidegate.core.telemetry import get_logger
 from tidegate.dlq.envelopes import error_info
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["ComputeGate", "SoloLane"]
 
 log = get_logger(__name__)
-Result = dict[str, Any]
-Compute = Callable[[Sequence[Slot], Sequence[float]], Awaitable[list[Result]]]
-Deliver = Callable[[Sequence[Slot], Sequence[Result] | BaseException], None]
+Compute = Callable[[Sequence[Slot], Sequence[float]], Awaitable[list[ResultRecord]]]
+Deliver = Callable[[Sequence[Slot], Sequence[ResultRecord] | BaseException], None]
 
 
 class ComputeGate:
@@ -169,7 +168,7 @@ class SoloLane:
             self._reread(partition, offset)
             return False
         if slot is not None:
-            outcome: Sequence[Result] | BaseException
+            outcome: Sequence[ResultRecord] | BaseException
             try:
                 outcome = await self._compute([slot], [0.0])
             except Exception as exc:

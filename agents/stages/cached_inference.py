@@ -1,25 +1,13 @@
-"""The worker's prediction cache: a stage in front of the inference service that answers a request
-from Redis when the same version already answered the same question.
-
-Per batch, one `MGET` looks up every request of a cached model (`PredictionCacheSettings.models`);
-a hit becomes an OK result marked `cached`, with the version and rule routing chose, and never
-reaches the model. The misses go to the inner service as one batch, and its OK answers are stored
-with one pipelined `SET ... PX` (the TTL), skipping those larger than `max_entry_bytes`.
-
-The key names the version (`tidegate.schemas.prediction_keys`), so a promotion, a rollback or any
-other change of route never serves another version's answer: the request is routed first, and
-only that version's entry can answer. Answers are stored under the version the result names, so
-a request routed elsewhere in between is still stored where it belongs.
-
-The cache is an optimisation, never a dependency: when Redis fails or is slow (short socket
-timeouts), the batch is computed as if nothing were cached and the error is counted.
+"""The worker's prediction cache (`CachedInference`): a stage in front of the inference service that
+answers a request from Redis when the same version already answered the same question. It is an
+optimisation, never a dependency: when Redis fails, the batch is computed.
+Keys, lookups and stores: docs/prediction-cache.md ("Where it is consulted", "When Redis fails").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
@@ -39,11 +27,11 @@ from tidegate.schemas.prediction_keys import (
     encode_outputs,
     prediction_key,
 )
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["CACHE_EVENTS", "CachedInference", "cache_key"]
 
 log = get_logger(__name__)
-Result = dict[str, Any]
 
 CACHE_EVENTS = Counter(
     "tidegate_prediction_cache_total",
@@ -89,7 +77,7 @@ class CachedInference:
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
-    ) -> list[Result]:
+    ) -> list[ResultRecord]:
         lookups = self._lookups(tasks)
         if not lookups:
             return await self._inner.process(tasks, waits_ms)
@@ -97,7 +85,7 @@ class CachedInference:
         if values is None:
             for model in {tasks[index].model for index, _, _ in lookups}:
                 CACHE_EVENTS.labels(model, "error").inc()
-        results: list[Result | None] = [None] * len(tasks)
+        results: list[ResultRecord | None] = [None] * len(tasks)
         for (index, decision, _), value in zip(lookups, values or [], strict=False):
             results[index] = self._hit(tasks[index], decision, value, waits_ms[index])
         misses = [index for index, result in enumerate(results) if result is None]
@@ -139,7 +127,7 @@ class CachedInference:
 
     def _hit(
         self, task: InferenceTask, decision: Decision, value: bytes | None, waited_ms: float
-    ) -> Result | None:
+    ) -> ResultRecord | None:
         if value is None:
             return None
         try:
@@ -157,7 +145,7 @@ class CachedInference:
             cached=True,
         )
 
-    async def _store(self, computed: Sequence[tuple[InferenceTask, Result | None]]) -> None:
+    async def _store(self, computed: Sequence[tuple[InferenceTask, ResultRecord | None]]) -> None:
         limit = self._settings.max_entry_bytes
         pipe = self._redis.pipeline(transaction=False)
         stored: dict[str, int] = {}
@@ -170,9 +158,10 @@ class CachedInference:
             if len(value) > limit:
                 CACHE_EVENTS.labels(task.model, "too_large").inc()
                 continue
-            pipe.set(
-                cache_key(self._settings, task, result["model_version"]), value, px=self._ttl_ms
-            )
+            version = result.get("model_version")
+            if version is None:  # never for a computed OK answer: cacheable_result checked it
+                continue
+            pipe.set(cache_key(self._settings, task, version), value, px=self._ttl_ms)
             stored[task.model] = stored.get(task.model, 0) + 1
         if not stored:
             return
@@ -186,7 +175,7 @@ class CachedInference:
         for model, count in stored.items():
             CACHE_EVENTS.labels(model, "stored").inc(count)
 
-    def _count(self, lookups: list[tuple[int, Decision, str]], results: list[Result]) -> None:
+    def _count(self, lookups: list[tuple[int, Decision, str]], results: list[ResultRecord]) -> None:
         """Per batch: hits and misses per model, and the hits in the worker's request metrics
         (the service counts only what it answered)."""
         counts: dict[tuple[str, str], int] = {}
@@ -197,9 +186,8 @@ class CachedInference:
             outcome = "hit" if result["cached"] else "miss"
             counts[(model, outcome)] = counts.get((model, outcome), 0) + 1
             if result["cached"]:
-                hits[(model, result["model_version"])] = (
-                    hits.get((model, result["model_version"]), 0) + 1
-                )
+                hit = (model, result.get("model_version") or "")
+                hits[hit] = hits.get(hit, 0) + 1
                 metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
         for (model, outcome), count in counts.items():
             CACHE_EVENTS.labels(model, outcome).inc(count)

@@ -1,18 +1,7 @@
-"""Online feature enrichment: a stage in front of the inference service that builds the inputs a
-request names by `entity_key` from the entity's hash in Redis.
-
-A model version declares, per input, the features its one row holds in order
-(`FeatureSettings.declared`). For each request with an entity key, routed first (the declaration
-belongs to a version), every declared input the request does not carry is built as a `[1, N]`
-tensor of the input's signature datatype from the entity's hash: inputs the request carries win.
-One pipelined round trip per batch reads every entity (`HMGET` of its declared features and
-`_updated_at`); the result records `_updated_at` as `features_at`.
-
-An entity with no hash, or lacking a declared feature, or holding a value that is not a number, is
-answered INVALID_INPUT naming it, without compute; an unreachable store answers UNAVAILABLE, which
-the failure policy retries. Should routing choose a version that declares other features between
-this stage and the service (a version loaded or unloaded meanwhile), the request is answered
-UNAVAILABLE too, rather than computed on the wrong features: its retry is enriched again.
+"""Online feature enrichment (`Enrichment`): a stage in front of the inference service that builds
+the inputs a request names by `entity_key` from the entity's hash in Redis.
+What is declared, read and answered: docs/features.md ("Declaring features", "What a worker does
+per batch").
 """
 
 from __future__ import annotations
@@ -36,11 +25,11 @@ from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import ConfigurationError, InvalidInputError, ModelUnavailableError
 from tidegate.lifecycle.domain.routing import Decision
 from tidegate.schemas.prediction_keys import FALLBACK_PREFIX
+from tidegate.schemas.records import ResultRecord
 from tidegate.schemas.tensors import DATATYPES, from_numpy
 
 __all__ = ["ENTITY_FIELD", "Enrichment"]
 
-Result = dict[str, Any]
 ENTITY_FIELD = "entity_key"
 """The field an entity's errors name."""
 
@@ -76,11 +65,11 @@ class Enrichment:
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
-    ) -> list[Result]:
+    ) -> list[ResultRecord]:
         plans = self._plans(tasks)
         if not plans:
             return await self._inner.process(tasks, waits_ms)
-        results: list[Result | None] = [None] * len(tasks)
+        results: list[ResultRecord | None] = [None] * len(tasks)
         try:
             rows = await self._fetch(plans)
         except (RedisError, OSError) as exc:
@@ -171,7 +160,7 @@ class Enrichment:
         task.request["inputs"] = tensors
         task.features_at = _timestamp(updated)
 
-    def _same_features(self, task: InferenceTask, plan: _Plan, result: Result) -> bool:
+    def _same_features(self, task: InferenceTask, plan: _Plan, result: ResultRecord) -> bool:
         served = result.get("model_version")
         if served is None or served == plan.decision.version:
             return True
@@ -185,7 +174,7 @@ class Enrichment:
         plan: _Plan,
         exc: BaseException,
         waits_ms: Sequence[float],
-    ) -> Result:
+    ) -> ResultRecord:
         return error_result(
             task,
             exc,

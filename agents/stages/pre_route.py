@@ -10,15 +10,14 @@ version declares other features).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from tidegate.agents.inference.version_manager import TableSource
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.lifecycle.domain.routing import Decision
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["Ready", "Service", "pre_route"]
-
-Result = dict[str, Any]
 
 
 class Service(Protocol):
@@ -26,7 +25,7 @@ class Service(Protocol):
 
     async def process(
         self, tasks: Sequence[InferenceTask], waits_ms: Sequence[float]
-    ) -> list[Result]: ...
+    ) -> list[ResultRecord]: ...
 
 
 class Ready(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.errors import InvalidInputError, SerializationError, TidegateError
 from tidegate.dlq.envelopes import source_position
 from tidegate.dlq.redelivery import read_lineage
+from tidegate.schemas.records import ReplyToRecord, TensorRecord
 from tidegate.schemas.tensors import DATATYPES, to_numpy
 
 __all__ = ["Decoded", "KafkaMessage", "RequestDecoder"]
@@ -60,7 +61,7 @@ class RequestDecoder:
     def __init__(
         self,
         decoder: Decoder,
-        reply_refusal: Callable[[Mapping[str, Any] | None], str | None] | None = None,
+        reply_refusal: Callable[[ReplyToRecord | None], str | None] | None = None,
     ) -> None:
         self._decoder = decoder
         self._reply_refusal = reply_refusal
@@ -108,7 +109,7 @@ class RequestDecoder:
         return Decoded(task, None)
 
 
-def _array(tensor: dict[str, Any]) -> npt.NDArray[Any]:
+def _array(tensor: TensorRecord) -> npt.NDArray[Any]:
     """`to_numpy`, with a shortcut for the common well-formed numeric tensor; anything else goes
     through `to_numpy`, which also words the errors."""
     datatype, shape, data = tensor["datatype"], tensor["shape"], tensor["data"]

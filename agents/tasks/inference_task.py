@@ -12,6 +12,7 @@ from opentelemetry.trace import Span
 
 from tidegate.core.errors import TidegateError
 from tidegate.dlq.redelivery import Lineage
+from tidegate.schemas.records import RequestRecord, SourcePositionRecord
 
 __all__ = ["InferenceTask", "epoch_ms"]
 
@@ -39,9 +40,9 @@ class InferenceTask:
     None: none were).
     """
 
-    request: dict[str, Any]
+    request: RequestRecord
     arrays: dict[str, npt.NDArray[Any]] | None = None
-    source: dict[str, Any] | None = None
+    source: SourcePositionRecord | None = None
     received_ms: float = field(default_factory=lambda: time.time() * 1000.0)
     queue_ms: float = 0.0
     rejection: TidegateError | None = None

@@ -1,22 +1,13 @@
-"""A worker's spans, made only when tracing is on (the worker checks once per poll and per batch).
-
-Each request gets a span in its own trace: `process <topic>`, a child of the context its message
-carries (the producer's span), from the moment it is consumed until its result is produced. The
-result and the reply carry that span's context on to whoever reads them (the gateway's reply
-handling). Each model batch gets one span, `batch <model>`, linked to the spans of all its
-members: a batch has many parents, so it is the root of a trace of its own. Each model call of
-the batch (one per sub-batch of a version and shape) is a `compute` span under it.
-
-A request whose caller's trace was sampled out (its `traceparent` says so), or a new one the ratio
-sampled out, gets no span and hands nothing on; a batch with no sampled member gets no span, nor
-do its model calls. Sampled-out traffic costs the reading of its header and no more.
+"""A worker's spans, made only when tracing is on (the worker checks once per poll and per batch):
+a `process` span per request (`consumed`), a `batch` span per model batch linked to its members,
+and a `compute` span per model call. Sampled-out traffic gets no span.
+The spans and sampling: docs/observability.md ("One call's trace").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 from opentelemetry.trace import (
     Link,
@@ -31,6 +22,7 @@ from opentelemetry.trace import (
 from tidegate.agents.tasks.decoding import KafkaMessage
 from tidegate.agents.tasks.inference_task import InferenceTask
 from tidegate.core.tracing import KafkaHeaders, context_from_headers, span_headers
+from tidegate.schemas.records import ResultRecord
 
 __all__ = ["batch_span", "compute_span", "consumed", "finished", "result_headers"]
 
@@ -95,7 +87,7 @@ def result_headers(task: InferenceTask) -> KafkaHeaders | None:
     return span_headers(task.span) if task.span is not None else None
 
 
-def finished(task: InferenceTask, result: dict[str, Any]) -> None:
+def finished(task: InferenceTask, result: ResultRecord) -> None:
     """The result is produced: the request's span ends, saying how it was answered."""
     span = task.span
     if span is None:
@@ -106,6 +98,6 @@ def finished(task: InferenceTask, result: dict[str, Any]) -> None:
     if result.get("model_version"):
         span.set_attribute("tidegate.model_version", str(result["model_version"]))
     if status != "OK":
-        error = result.get("error") or {}
-        span.set_status(Status(StatusCode.ERROR, str(error.get("code") or status)))
+        error = result.get("error")
+        span.set_status(Status(StatusCode.ERROR, error["code"] if error else status))
     span.end()

@@ -1,5 +1,5 @@
 -- API keys (issue 11): the keys tidegate issues for the gateway (`tidegate auth keys create`,
--- gateway/api_keys.py; docs/security.md). A key is `tg_<id>_<secret>`; only an argon2id hash of
+-- gateway/auth/api_keys.py; docs/security.md). A key is `tg_<id>_<secret>`; only an argon2id hash of
 -- the secret is kept (`secret_hash`, the PHC string argon2-cffi writes, parameters included), so
 -- a copy of this table lets nobody call the gateway. The key is shown once, when created.
 --

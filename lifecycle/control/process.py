@@ -38,6 +38,7 @@ from tidegate.core.settings import (
 from tidegate.lifecycle.control.canary import CanaryController
 from tidegate.lifecycle.control.group_lag import GroupLag
 from tidegate.lifecycle.control.indexer import DEFAULT_GROUP_ID, Indexer, seed_windows
+from tidegate.lifecycle.control.pool_demand import PoolDemandExport
 from tidegate.lifecycle.control.retention import lineage_pruner
 from tidegate.lifecycle.domain.windows import LiveWindows
 from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
@@ -187,6 +188,9 @@ class ControllerService:
             )
             lag.start()
             started.append(lag)
+            demand = PoolDemandExport(pool, EventStore(pool), cfg.lifecycle)
+            demand.start()
+            started.append(demand)
             self.active.set()
             _ACTIVE.set(1)
             await self._hold(lock, stop, indexer)

@@ -17,7 +17,13 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Protocol
 
-from tidegate.core.errors import InvalidTransitionError, ModelNotFoundError, PromotionGateError
+from tidegate.core.errors import (
+    ConfigurationError,
+    InvalidTransitionError,
+    ModelNotFoundError,
+    PromotionGateError,
+)
+from tidegate.core.pool_names import check_pool
 from tidegate.lifecycle.domain import events as ev
 from tidegate.lifecycle.domain.state import ModelState, VersionState, VersionStatus
 
@@ -35,6 +41,7 @@ __all__ = [
     "known_version",
     "needs_gate",
     "pin",
+    "place",
     "promote",
     "register",
     "retire",
@@ -459,3 +466,19 @@ def fallback(
     if state.fallback_model == target.model:
         raise InvalidTransitionError(f"{target.model} is already {state.model}'s fallback")
     return ev.FallbackSet(target.model, reason)
+
+
+def place(state: ModelState, pool: str | None, reason: str = "operator") -> ev.PoolAssigned:
+    """Place the model in `pool` (None: back in the default pool). Its requests then go to the
+    pool's topics, where only that pool's workers read them; the pool's topics must exist, which
+    the command checks (`tidegate pools declare` creates them)."""
+    known_model(state)
+    if pool is not None:
+        try:
+            check_pool(pool)
+        except ConfigurationError as exc:
+            raise InvalidTransitionError(str(exc)) from None
+    if state.pool == pool:
+        where = f"pool {pool}" if pool is not None else "the default pool"
+        raise InvalidTransitionError(f"{state.model} is already in {where}")
+    return ev.PoolAssigned(pool, reason)

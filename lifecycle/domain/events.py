@@ -24,6 +24,7 @@ __all__ = [
     "ModelRegistered",
     "NewEvent",
     "Payload",
+    "PoolAssigned",
     "Promoted",
     "RecordedEvent",
     "Retired",
@@ -149,6 +150,10 @@ class VersionLoaded:
     version: str
     worker_id: str
     load_ms: float = 0.0
+    rss_bytes: int | None = None
+    """Growth of the worker's resident memory during the load; None when not measured."""
+    pool: str | None = None
+    """The model pool of the worker (None: the default pool)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,15 @@ class FallbackSet:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class PoolAssigned:
+    """The model was placed in a pool (None: the default pool): its requests go to that pool's
+    topics, and that pool's workers keep its versions loaded (docs/pools.md)."""
+
+    pool: str | None = None
+    reason: str = ""
+
+
 Payload: TypeAlias = (
     ModelRegistered
     | ArtifactValidated
@@ -182,6 +196,7 @@ Payload: TypeAlias = (
     | VersionLoaded
     | VersionUnloaded
     | FallbackSet
+    | PoolAssigned
 )
 
 EVENT_TYPES: Mapping[str, type[Payload]] = {
@@ -201,6 +216,7 @@ EVENT_TYPES: Mapping[str, type[Payload]] = {
         VersionLoaded,
         VersionUnloaded,
         FallbackSet,
+        PoolAssigned,
     )
 }
 

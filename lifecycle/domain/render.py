@@ -83,6 +83,7 @@ def state_view(state: ModelState) -> dict[str, Any]:
         },
         "rules": [rule_view(r) for r in state.rules],
         "fallback": state.fallback_model,
+        "pool": state.pool,
         "versions": [version_view(v) for v in state.versions],
         "updated_at": iso(state.updated_at),
     }
@@ -100,6 +101,7 @@ def summary_view(state: ModelState) -> dict[str, Any]:
         "versions": {v.version: v.status.value for v in state.versions},
         "rules": len(state.rules),
         "fallback": state.fallback_model,
+        "pool": state.pool,
         "updated_at": iso(state.updated_at),
     }
 
@@ -115,6 +117,7 @@ def table_view(table: RoutingTable) -> dict[str, Any]:
         "rules": [rule_view(r) for r in table.rules],
         "servable": sorted(table.servable),
         "fallback": table.fallback_model,
+        "pool": table.pool,
     }
 
 

@@ -60,6 +60,8 @@ class RoutingTable:
     wanted: frozenset[str]
     fallback_model: str | None = None
     """The model declared to serve this one's requests while its breaker is open."""
+    pool: str | None = None
+    """The pool whose workers keep this model loaded (None: the default pool)."""
 
     @classmethod
     def from_state(cls, state: ModelState) -> RoutingTable:
@@ -75,6 +77,7 @@ class RoutingTable:
             known=frozenset(v.version for v in state.versions),
             wanted=state.wanted(),
             fallback_model=state.fallback_model,
+            pool=state.pool,
         )
 
     def route(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from tidegate.core.pool_names import DEFAULT_POOL
 from tidegate.lifecycle.domain import events as ev
 
 __all__ = [
@@ -48,6 +49,11 @@ class VersionState:
     weight: int = 0
     shadow_rate: float | None = None
     loaded_on: frozenset[str] = frozenset()
+    loaded_in: frozenset[tuple[str, str]] = frozenset()
+    """(worker, pool) for each worker that has it loaded; the default pool is `DEFAULT_POOL`."""
+    load_ms: float | None = None
+    """How long the latest worker load of the version took (`VersionLoaded.load_ms`): what a
+    new worker of its pool waits before it serves it."""
     reason: str = ""
     updated_at: datetime | None = None
 
@@ -103,6 +109,8 @@ class ModelState:
     fallback_model: str | None = None
     """The declared fallback model (`FallbackSet`): it serves while this model's breaker is
     open. Not to be confused with `fallback()`, the version an unwarmed version's share goes to."""
+    pool: str | None = None
+    """The pool the model is placed in (`PoolAssigned`); None is the default pool."""
 
     def version(self, name: str) -> VersionState | None:
         for v in self.versions:
@@ -143,6 +151,15 @@ class ModelState:
             for v in self.versions
             if v.shadow_rate is not None and v.servable
         }
+
+    def warm_in(self, pool: str | None) -> bool:
+        """Whether a worker of `pool` (None: the default pool) has every version that takes
+        traffic loaded: a model moving there may take its requests without a cold load."""
+        name = pool or DEFAULT_POOL
+        taking = self.intended_weights()
+        return all(
+            any(p == name for _, p in v.loaded_in) for v in self.versions if v.version in taking
+        )
 
     def wanted(self) -> frozenset[str]:
         """The versions workers keep loaded: any with weight, shadowed, canaried or in a rule,
@@ -248,16 +265,24 @@ def _apply(s: ModelState, p: ev.Payload, e: ev.RecordedEvent) -> ModelState:
         return dataclasses.replace(s, rules=tuple(sorted(rules, key=lambda r: r.rule_id)))
     if isinstance(p, ev.FallbackSet):
         return dataclasses.replace(s, fallback_model=p.fallback)
+    if isinstance(p, ev.PoolAssigned):
+        return dataclasses.replace(s, pool=p.pool)
     if isinstance(p, ev.VersionLoaded):
         current = s.version(p.version)
         if current is None:
             return s
-        return _update(s, p.version, at, loaded_on=current.loaded_on | {p.worker_id})
+        loaded_on = current.loaded_on | {p.worker_id}
+        loaded_in = current.loaded_in | {(p.worker_id, p.pool or DEFAULT_POOL)}
+        return _update(
+            s, p.version, at, loaded_on=loaded_on, loaded_in=loaded_in, load_ms=p.load_ms
+        )
     if isinstance(p, ev.VersionUnloaded):
         current = s.version(p.version)
         if current is None:
             return s
-        return _update(s, p.version, at, loaded_on=current.loaded_on - {p.worker_id})
+        loaded_in = frozenset(w for w in current.loaded_in if w[0] != p.worker_id)
+        loaded_on = current.loaded_on - {p.worker_id}
+        return _update(s, p.version, at, loaded_on=loaded_on, loaded_in=loaded_in)
     return s
 
 

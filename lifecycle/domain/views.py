@@ -245,6 +245,9 @@ def describe(p: ev.Payload) -> str:
         if p.fallback is None:
             return f"fallback cleared{why}"
         return f"fallback set to {p.fallback}{why}"
+    if isinstance(p, ev.PoolAssigned):
+        why = f" ({p.reason})" if p.reason else ""
+        return f"placed in {'pool ' + p.pool if p.pool else 'the default pool'}{why}"
     if isinstance(p, ev.RoutingRuleSet):
         who = f"tenant {p.tenant}" if p.tenant else "everyone"
         if p.version is not None:
@@ -253,5 +256,6 @@ def describe(p: ev.Payload) -> str:
             return f"rule {p.rule_id}: experiment for {who}, {_weights(p.weights)}"
         return f"rule {p.rule_id} cleared"
     if isinstance(p, ev.VersionLoaded):
-        return f"{p.version} loaded on {p.worker_id} in {p.load_ms:.0f} ms"
+        grown = f", +{p.rss_bytes / 2**20:.0f} MiB resident" if p.rss_bytes is not None else ""
+        return f"{p.version} loaded on {p.worker_id} in {p.load_ms:.0f} ms{grown}"
     return f"{p.version} unloaded from {p.worker_id}" + (f": {p.reason}" if p.reason else "")

@@ -14,7 +14,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,12 +23,13 @@ from psycopg_pool import AsyncConnectionPool
 from tidegate.core.errors import ConcurrencyConflictError
 from tidegate.lifecycle.domain import decide
 from tidegate.lifecycle.domain import events as ev
+from tidegate.lifecycle.domain.placement import ModelDemand
 from tidegate.lifecycle.domain.render import event_view, state_view
 from tidegate.lifecycle.domain.state import ModelState, VersionStatus, apply, fold
 from tidegate.lifecycle.eventstore.event_store import EventStore
 from tidegate.lifecycle.lifecycle_settings import LifecycleSettings
 from tidegate.lifecycle.operations import register
-from tidegate.lifecycle.readmodels import lineage
+from tidegate.lifecycle.readmodels import demand, lineage
 from tidegate.lifecycle.readmodels.backtests import latest_backtest
 from tidegate.lifecycle.readmodels.lookups import live_metrics, served_view
 from tidegate.models.model_settings import ModelSettings
@@ -306,7 +307,26 @@ class LifecycleCommands:
             model, lambda s: decide.fallback(s, target, reason), actor, expected_sequence
         )
 
+    async def place(
+        self,
+        model: str,
+        pool: str | None,
+        *,
+        actor: str,
+        reason: str = "operator",
+        expected_sequence: int | None = None,
+    ) -> CommandResult:
+        """Place the model in `pool` (None: the default pool). The caller checks that the
+        pool's topics exist (`tidegate.core.pools.missing_topics`): this layer has no Kafka."""
+        return await self._command(
+            model, lambda s: decide.place(s, pool, reason), actor, expected_sequence
+        )
+
     # -- reads --------------------------------------------------------------------------------
+
+    async def demands(self, window: timedelta) -> list[ModelDemand]:
+        """What each model needs of a worker: its versions' measured memory, its recent rate."""
+        return await demand.demands(self.events, self.pool, window=window)
 
     async def models(self) -> list[ModelState]:
         return [await self.events.load(stream) for stream in sorted(await self.events.streams())]

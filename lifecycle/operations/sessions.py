@@ -40,11 +40,12 @@ async def command_session(
     kafka: KafkaSettings | None = None,
     topics: TopicSettings | None = None,
     registry: SchemaRegistrySettings | None = None,
+    postgres: PostgresSettings | None = None,
     wait_for_store: bool = True,
 ) -> AsyncIterator[LifecycleCommands]:
-    """Commands over the event store of TIDEGATE_POSTGRES_* with TIDEGATE_LIFECYCLE_* and the
-    artifact store of TIDEGATE_MODELS_*; Kafka, topics and registry default to the environment."""
-    pg, lc, models = PostgresSettings(), LifecycleSettings(), ModelSettings()
+    """Commands over the event store with TIDEGATE_LIFECYCLE_* and the artifact store of
+    TIDEGATE_MODELS_*; Kafka, topics, registry and PostgreSQL default to the environment."""
+    pg, lc, models = postgres or PostgresSettings(), LifecycleSettings(), ModelSettings()
     store = LocalArtifactStore(models)
     if write:
         log = LifecycleLog.from_settings(
