@@ -7,8 +7,9 @@ key's requests therefore never run in the new pool before its earlier ones ran i
 (Kafka orders only what one producer sends; docs/pools.md, "Moving a model"). A publisher that
 folds the lifecycle also waits for the new pool to have the model loaded.
 
-What it costs: per record, a set insertion before the send and a removal and a dictionary store
-on delivery (the offsets the fence is made of); a lock only for a model that is moving.
+What it costs: per record, two dictionary reads (`settled`) and a set insertion before the send,
+and a set removal and a dictionary store on delivery (the offsets the fence is made of); a lock
+and the held request's callbacks only for a model that is moving.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -55,7 +57,7 @@ class _Move:
 
 
 class MoveGuard:
-    """`hold` and `sending` on the publishing thread, `delivered` on the one serving delivery
+    """`send_or_hold` on the publishing thread, `delivered` on the one serving delivery
     reports; a daemon thread per move waits for the old pool and sends what was held."""
 
     def __init__(
@@ -92,6 +94,11 @@ class MoveGuard:
 
     # -- the publishing thread ---------------------------------------------------------------
 
+    def settled(self, model: str, pool: str | None) -> bool:
+        """Whether the record goes out now with no more ado: its model is not moving and its pool
+        is the one its last record went to. False: ask `hold`."""
+        return model not in self._moves and self._last.get(model, _UNSEEN) == pool
+
     def hold(self, model: str, pool: str | None, send: Send, fail: Fail) -> bool:
         """Whether the record is held (`send` is then called later, or `fail` with why not);
         False: send it now."""
@@ -114,14 +121,24 @@ class MoveGuard:
             move.held.append((send, fail))
             return True
 
-    def sending(self, token: object) -> None:
-        """Before a record is produced (its delivery may be reported at once, on another
-        thread); `token` is its delivery callback."""
-        self._pending.add(token)
+    def send_or_hold(
+        self, model: str, pool: str | None, token: object, produce: Send, fail: Fail
+    ) -> None:
+        """Produce now, or hold until the model's old pool has drained (`hold`); `token` is
+        the record's delivery callback, passed to `delivered` when it is reported."""
+        if self.settled(model, pool) or not self.hold(
+            model, pool, partial(self.send_tracked, token, produce), fail
+        ):
+            self.send_tracked(token, produce)
 
-    def unsent(self, token: object) -> None:
-        """The produce call failed: no delivery will be reported."""
-        self._pending.discard(token)
+    def send_tracked(self, token: object, produce: Send) -> None:
+        """Produce, with what is in flight known (a later move's fence is made of it)."""
+        self._pending.add(token)
+        try:
+            produce()
+        except BaseException:
+            self._pending.discard(token)  # no delivery will be reported
+            raise
 
     # -- the delivery reports' thread --------------------------------------------------------
 
@@ -130,7 +147,7 @@ class MoveGuard:
         if msg is not None and msg.error() is None:
             offset = msg.offset()
             if offset is not None and offset >= 0:
-                self._offsets[(str(msg.topic()), int(msg.partition() or 0))] = offset
+                self._offsets[msg.topic(), msg.partition()] = offset  # type: ignore[index]
 
     # -- the drain ---------------------------------------------------------------------------
 

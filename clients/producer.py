@@ -360,42 +360,15 @@ class TidegateProducer:
         if guard is None:
             self._produce(producer, topic, delivered, kwargs, size, span)
         else:
+            produce = partial(self._produce, producer, topic, delivered, kwargs, size, span)
             fail = partial(report, request_id)  # a held record that could not be produced
-            model = str(record["model"])
-            self._guarded(guard, model, pool, topic, delivered, fail, kwargs, size, span)
-        producer.poll(0)
-
-    def _guarded(
-        self,
-        guard: MoveGuard,
-        model: str,
-        pool: str | None,
-        topic: str,
-        delivered: Callable[[KafkaError | None, Message], None],
-        fail: Callable[[Exception], None],
-        kwargs: dict[str, Any],
-        size: int,
-        span: Span | None,
-    ) -> None:
-        """Produce now, or later once the model's old pool has drained (`MoveGuard`)."""
-        producer, _ = self._running()
-
-        def send() -> None:
-            guard.sending(delivered)
             try:
-                self._produce(producer, topic, delivered, kwargs, size, span)
-            except BaseException:
-                guard.unsent(delivered)
+                guard.send_or_hold(str(record["model"]), pool, delivered, produce, fail)
+            except OverloadedError:
+                if span is not None:
+                    span.end()
                 raise
-
-        try:
-            held = guard.hold(model, pool, send, fail)
-        except OverloadedError:
-            if span is not None:
-                span.end()
-            raise
-        if not held:
-            send()
+        producer.poll(0)
 
     def _produce(
         self,

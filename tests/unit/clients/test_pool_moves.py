@@ -63,13 +63,8 @@ class Publisher:
 
     def publish(self, model: str, pool: str | None, name: str) -> object:
         token = object()
-
-        def send() -> None:
-            self.guard.sending(token)
-            self.sent.append(name)
-
-        if not self.guard.hold(model, pool, send, lambda _exc: self.failed.append(name)):
-            send()
+        fail = lambda _exc: self.failed.append(name)  # noqa: E731
+        self.guard.send_or_hold(model, pool, token, lambda: self.sent.append(name), fail)
         return token
 
 
@@ -144,4 +139,18 @@ def test_with_warm_the_held_requests_also_wait_for_the_new_pool_to_load_the_mode
         wait_for(lambda: len(out.sent) > 1, timeout=0.3, interval=0.01, what="a send")
     loaded.add(("fraud", "tabular"))
     wait_for(lambda: out.sent == ["a1", "b1", "b2"], timeout=5, interval=0.01, what="sent")
+    assert guard.timeouts == 0
+
+
+def test_a_record_whose_produce_failed_is_not_waited_for_by_a_later_move() -> None:
+    guard = Guard(drain_s=30.0)
+    out = Publisher(guard)
+
+    def refused() -> None:
+        raise BufferError("the local queue is full")
+
+    with pytest.raises(BufferError):
+        guard.send_or_hold("fraud", None, object(), refused, lambda _exc: None)
+    out.publish("fraud", "tabular", "b1")  # no delivery of the refused one will ever come
+    wait_for(lambda: out.sent == ["b1"], timeout=5, interval=0.01, what="b1 sent")
     assert guard.timeouts == 0
