@@ -10,7 +10,7 @@ import asyncio
 from tests.integration.gateway.gateway_fixtures import GatewayServer
 from tests.integration.gateway.test_auth import Keys
 from tests.integration.workers import Stack, in_thread, records_in, running, tidegate
-from tests.support import unique
+from tests.support import eventually, unique
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference.loaded import LoadedModel, ModelLoader, store_loader
 from tidegate.core.kafka import make_admin
@@ -72,10 +72,11 @@ async def test_a_model_placed_through_admin_is_called_on_its_pools_topic(
                 assert ev.PoolAssigned(pool, "it") in await stack.history()
 
                 catalog = gateway.runtime.services.catalog
-                deadline = asyncio.get_running_loop().time() + 60
-                while not (catalog.pool("tiny") == pool and worker.versions.ready("tiny", "1")):
-                    assert asyncio.get_running_loop().time() < deadline, "never placed and warm"
-                    await asyncio.sleep(0.1)  # polling the gateway's and the worker's state
+                await eventually(
+                    lambda: catalog.pool("tiny") == pool and worker.versions.ready("tiny", "1"),
+                    timeout=60,
+                    what="tiny placed in the gateway's fold and warm in the worker",
+                )
 
                 resp = await in_thread(
                     lambda: http.post("/v2/models/tiny/infer", headers=headers, json=BODY)
@@ -123,10 +124,11 @@ async def test_a_call_after_a_move_waits_for_the_new_pool_to_load_the_model(
             try:
                 http = gateway.http
                 catalog = gateway.runtime.services.catalog
-                deadline = asyncio.get_running_loop().time() + 60
-                while not (old.versions.ready("tiny", "1") and catalog.warm_in("tiny", None)):
-                    assert asyncio.get_running_loop().time() < deadline, "never warm"
-                    await asyncio.sleep(0.1)  # polling the worker's and the gateway's state
+                await eventually(
+                    lambda: old.versions.ready("tiny", "1") and catalog.warm_in("tiny", None),
+                    timeout=60,
+                    what="tiny warm in the old pool, as the gateway folds it",
+                )
 
                 def call() -> dict[str, object]:
                     resp = http.post("/v2/models/tiny/infer", headers=headers, json=BODY)
@@ -142,9 +144,12 @@ async def test_a_call_after_a_move_waits_for_the_new_pool_to_load_the_model(
                     )
                 )
                 assert placed.status_code == 200, placed.text
-                while catalog.pool("tiny") != pool:
-                    assert asyncio.get_running_loop().time() < deadline + 60, "never placed"
-                    await asyncio.sleep(0.05)  # polling the gateway's fold
+                await eventually(
+                    lambda: catalog.pool("tiny") == pool,
+                    timeout=60,
+                    interval=0.05,
+                    what="the move in the gateway's fold",
+                )
                 await in_thread(call)  # held until the new pool has tiny loaded
                 assert cold._value.get() == before, "the call met a cold load"
                 guard = gateway.runtime.services.publisher.move_guard
