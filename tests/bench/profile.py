@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.bench.bench_keys import infer_headers
-from tests.bench.versus import RUN_DIR, tidegate_workers
+from tests.bench.versus import RUN_DIR, serve_examples, tidegate_workers
 from tests.support import unique
 from tidegate.cli.demo import fraud_body, fraud_record
 from tidegate.cli.procs import spawn, stop_recorded, wait_http
@@ -78,6 +78,7 @@ def run() -> None:
     gw = GatewaySettings()
     base = f"http://{gw.host}:{gw.port}"
     print(f"\nprofile: a worker at {kafka_rate:g}/s on Kafka, the gateway at {http_rate:g}/s")
+    serve_examples()
     with tidegate_workers() as workers:
         load = KafkaLoad()
         load.start(lambda i: fraud_record(i, unique("warm")))
@@ -104,7 +105,9 @@ def run() -> None:
                 http_load("profile", url, fraud_body, rate=http_rate, count=count, headers=headers)
             )
             spy.wait(30)
-            print(f"  http: p99 {result.p(0.99):.1f} ms, lost {result.lost}")
+            print(f"  http: p99 {result.p(0.99):.1f} ms, lost {result.lost}, {result.statuses}")
+            if result.errors:
+                raise SystemExit(f"profile: {result.errors} calls failed: not a profile of serving")
         finally:
             gateway.stop()
     for name in ("worker", "gateway"):

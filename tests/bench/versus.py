@@ -46,7 +46,7 @@ from tidegate.cli.procs import spawn, stop_recorded, wait_http
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 from tidegate.gateway.gateway_settings import GatewaySettings
 
-__all__ = ["run"]
+__all__ = ["pid_file", "process_tree", "run", "serve_examples"]
 
 RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
@@ -76,7 +76,7 @@ def process_tree(pid: int | None) -> list[int]:
     return found
 
 
-def _pid_file(name: str) -> int | None:
+def pid_file(name: str) -> int | None:
     try:
         return int(Path(f"var/run/{name}.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -88,9 +88,9 @@ def stack_cpu() -> CpuReaders:
     PostgreSQL, Redis and the registry, which only tidegate uses."""
     return {
         "broker": lambda: cpu_seconds(process_tree(broker_pid())),
-        "postgres": lambda: cpu_seconds(process_tree(_pid_file("postgres"))),
-        "redis": lambda: cpu_seconds(process_tree(_pid_file("redis"))),
-        "registry": lambda: cpu_seconds(process_tree(_pid_file("registry"))),
+        "postgres": lambda: cpu_seconds(process_tree(pid_file("postgres"))),
+        "redis": lambda: cpu_seconds(process_tree(pid_file("redis"))),
+        "registry": lambda: cpu_seconds(process_tree(pid_file("registry"))),
     }
 
 
@@ -357,6 +357,17 @@ def best(rounds: list[dict[str, Sweep]], name: str) -> Sweep:
     return max(found, key=lambda s: s.sustained) if found else Sweep()
 
 
+def serve_examples() -> None:
+    """Workers serve what the lifecycle says: register the example models and make the served
+    ones primary, as `tidegate demo` does (a part run alone would otherwise measure 404s)."""
+    from rich.console import Console
+
+    from tidegate.cli.demo_lifecycle import bootstrap
+    from tidegate.models.model_settings import ModelSettings
+
+    bootstrap(ModelSettings().store_dir.parent / "packages", Console())
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
@@ -369,13 +380,7 @@ def run() -> None:
         )
     )
     print(f"  ceiling {ceiling.rate:,.0f}/s")
-    # Workers serve what the lifecycle says: register and promote the example models first.
-    from rich.console import Console
-
-    from tidegate.cli.demo_lifecycle import bootstrap
-    from tidegate.models.model_settings import ModelSettings
-
-    bootstrap(ModelSettings().store_dir.parent / "packages", Console())
+    serve_examples()
     rounds: list[dict[str, Sweep]] = []
     for k in range(ROUNDS):
         order = CONTENDERS if k % 2 == 0 else CONTENDERS[::-1]
