@@ -2,9 +2,9 @@
 
 These machines are noisy, so contenders run in alternating rounds and the best round counts; only
 ratios between contenders measured in the same run are meaningful. `python -m tests.bench codec`
-(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `tracing`, `failures`, `auth`,
-`takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `kafka_down`, `redrive`, `chaos`,
-`security`, `pools`) runs one part.
+(or `relay`, `pipeline`, `lifecycle`, `versus`, `profile`, `threads`, `tracing`, `failures`,
+`auth`, `takeover`, `overload`, `refusal`, `lanes`, `ratelimits`, `kafka_down`, `redrive`,
+`chaos`, `security`, `pools`) runs one part.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.bench import (
     refusal_cost,
     security_cost,
     takeover,
+    thread_cpu,
     tracing_cost,
     versus,
 )
@@ -40,6 +41,7 @@ PARTS = {
     "lifecycle": lifecycle.run,
     "versus": versus.run,
     "profile": profile.run,
+    "threads": thread_cpu.run,
     "tracing": tracing_cost.run,
     "failures": failure_cost.run,
     "auth": auth_cost.run,
