@@ -82,6 +82,14 @@ def principals(stack: Stack, admin: AdminClient) -> Iterator[Principals]:
     names = AclNames(stack.topics, schemas_topic=unique("acl-schemas"), worker_group=stack.group)
     acls = bindings(grants(names), default_principals())
     apply_acls(admin, acls)
+    for principal in {b.principal for b in acls}:
+        mine = [b for b in acls if b.principal == principal]
+        wait_for(
+            functools.partial(holds, admin, principal, mine),
+            timeout=30,
+            interval=0.05,
+            what=f"{principal}'s new bindings on the broker",
+        )
     # The readers' group prefixes are the same in every table: those bindings are `make up`'s
     # (and other tests' at the same time), and stay.
     shared = set(bindings(grants(DEFAULT_NAMES), default_principals()))
@@ -323,14 +331,32 @@ def test_prune_takes_away_a_grant_the_table_no_longer_has(stack: Stack, admin: A
     principals = dict.fromkeys(Component, principal)
     old = bindings(table, principals)
     dropped = Grant(Component.PRODUCER, "topic", stack.topics.lifecycle, ("WRITE",))
-    apply_acls(admin, [*old, *bindings([dropped], principals)])
+    every = [*old, *bindings([dropped], principals)]
+    apply_acls(admin, every)
     try:
+        # The broker's authorizer applies a change when it replays the metadata log, soon after
+        # the admin call is answered: each step waits until DescribeAcls shows the last one.
+        showing(admin, principal, every)
         assert prune_acls(admin, old, [principal]) == 1
+        showing(admin, principal, old)
         assert prune_acls(admin, old, [principal]) == 0
-        assert set(described(admin, principal)) == set(old)
     finally:
         prune_acls(admin, [], [principal])
-    assert described(admin, principal) == []
+    showing(admin, principal, [])
+
+
+def holds(admin: AdminClient, principal: str, wanted: list[Any]) -> bool:
+    """Whether the broker's authorizer shows every one of `wanted` (it may show more)."""
+    return set(wanted) <= set(described(admin, principal))
+
+
+def showing(admin: AdminClient, principal: str, expected: list[Any]) -> None:
+    wait_for(
+        lambda: set(described(admin, principal)) == set(expected),
+        timeout=30,
+        interval=0.05,
+        what=f"{principal}'s bindings on the broker to be the {len(expected)} expected",
+    )
 
 
 def described(admin: AdminClient, principal: str) -> list[Any]:
