@@ -188,23 +188,23 @@ EOF
 # the storage's directory.id and is kept in the folder of the passwords. The components' ACLs are
 # applied on every start (creating one that exists changes nothing), so a new table takes effect.
 kafka_tls_users() {
-  local marker=$KAFKA_TLS_DIR/users.done storage out c envs=()
+  local out c envs=()
   if ! kafka_tls_listening; then
     log "kafka: runs without the SASL_SSL and mTLS listeners (started before they were added);" \
       "\`make down && make up\` adds them"
     return 0
   fi
-  storage=$(sed -n 's/^directory.id=//p' "$KN_DIR/data/meta.properties" 2>/dev/null) || true
-  if [[ -z "$storage" || ! -f "$marker" || "$(<"$marker")" != "$storage" ]]; then
-    for c in "${KAFKA_COMPONENTS[@]}"; do envs+=("$KAFKA_TLS_DIR/$c.env"); done
-    # librdkafka's lines (stderr) go to the log; stdout is the one line of the outcome.
-    out=$("$STACK_BIN/python" "$STACK_INFRA/kafka_users.py" "$KAFKA_SCRAM_USER" \
-      "$KAFKA_TLS_DIR/sasl-ssl.env" "$KAFKA_TLS_DIR/mtls.env" "${envs[@]}" \
-      2>>"$KAFKA_ROOT/logs/tls.log") ||
-      fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "the SASL_SSL and mTLS listeners are not usable"
-    echo "$storage" >"$marker"
-    log "kafka: $out"
-  fi
+  # Every start, not once per storage: this single node has come back from a restart without
+  # the SCRAM users it had (Kafka 4.1.1), and a marker then hid it until a client failed. The
+  # upsert keeps each password, and the script checks that both listeners answer.
+  rm -f "$KAFKA_TLS_DIR/users.done"  # the marker earlier versions of this script kept
+  for c in "${KAFKA_COMPONENTS[@]}"; do envs+=("$KAFKA_TLS_DIR/$c.env"); done
+  # librdkafka's lines (stderr) go to the log; stdout is the one line of the outcome.
+  out=$("$STACK_BIN/python" "$STACK_INFRA/kafka_users.py" "$KAFKA_SCRAM_USER" \
+    "$KAFKA_TLS_DIR/sasl-ssl.env" "$KAFKA_TLS_DIR/mtls.env" "${envs[@]}" \
+    2>>"$KAFKA_ROOT/logs/tls.log") ||
+    fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "the SASL_SSL and mTLS listeners are not usable"
+  log "kafka: $out"
   out=$("$STACK_BIN/tidegate" stack acls --apply --prune 2>>"$KAFKA_ROOT/logs/tls.log") ||
     fail_with_log kafka "$KAFKA_ROOT/logs/tls.log" "applying the components' ACLs failed"
   log "kafka: ${out##*$'\n'}"
