@@ -8,8 +8,8 @@ key's requests therefore never run in the new pool before its earlier ones ran i
 folds the lifecycle also waits for the new pool to have the model loaded.
 
 What it costs: per record, two dictionary reads (`settled`) and a set insertion before the send,
-and a set removal and a dictionary store on delivery (the offsets the fence is made of); a lock
-and the held request's callbacks only for a model that is moving.
+and a set removal and a dictionary store on delivery (the offsets the fence is made of). A lock,
+and the callbacks a held record is sent by later, only for a model that is moving.
 """
 
 from __future__ import annotations
@@ -133,12 +133,21 @@ class MoveGuard:
 
     def send_tracked(self, token: object, produce: Send) -> None:
         """Produce, with what is in flight known (a later move's fence is made of it)."""
-        self._pending.add(token)
+        self.sending(token)
         try:
             produce()
         except BaseException:
-            self._pending.discard(token)  # no delivery will be reported
+            self.unsent(token)
             raise
+
+    def sending(self, token: object) -> None:
+        """Before a record is produced: its delivery may be reported at once, on another
+        thread. A publisher that checked `settled` calls this itself, to make no callback."""
+        self._pending.add(token)
+
+    def unsent(self, token: object) -> None:
+        """The produce call failed: no delivery will be reported."""
+        self._pending.discard(token)
 
     # -- the delivery reports' thread --------------------------------------------------------
 

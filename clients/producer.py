@@ -357,13 +357,21 @@ class TidegateProducer:
             if count:
                 kwargs["partition"] = self._sticky.pick(topic, count)
 
+        model = str(record["model"]) if guard is not None else ""
         if guard is None:
             self._produce(producer, topic, delivered, kwargs, size, span)
+        elif guard.settled(model, pool):  # the common case: no callback made for a hold
+            guard.sending(delivered)
+            try:
+                self._produce(producer, topic, delivered, kwargs, size, span)
+            except BaseException:
+                guard.unsent(delivered)
+                raise
         else:
             produce = partial(self._produce, producer, topic, delivered, kwargs, size, span)
             fail = partial(report, request_id)  # a held record that could not be produced
             try:
-                guard.send_or_hold(str(record["model"]), pool, delivered, produce, fail)
+                guard.send_or_hold(model, pool, delivered, produce, fail)
             except OverloadedError:
                 if span is not None:
                     span.end()
