@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -131,23 +132,16 @@ class MoveGuard:
         ):
             self.send_tracked(token, produce)
 
-    def send_tracked(self, token: object, produce: Send) -> None:
-        """Produce, with what is in flight known (a later move's fence is made of it)."""
-        self.sending(token)
-        try:
-            produce()
-        except BaseException:
-            self.unsent(token)
-            raise
-
-    def sending(self, token: object) -> None:
-        """Before a record is produced: its delivery may be reported at once, on another
-        thread. A publisher that checked `settled` calls this itself, to make no callback."""
+    def send_tracked(self, token: object, produce: Callable[..., None], *args: Any) -> None:
+        """`produce(*args)`, with what is in flight known (a later move's fence is made of it).
+        A publisher that checked `settled` calls this itself, so that the common path makes no
+        callback object for a hold."""
         self._pending.add(token)
-
-    def unsent(self, token: object) -> None:
-        """The produce call failed: no delivery will be reported."""
-        self._pending.discard(token)
+        try:
+            produce(*args)
+        except BaseException:
+            self._pending.discard(token)  # no delivery will be reported
+            raise
 
     # -- the delivery reports' thread --------------------------------------------------------
 

@@ -357,18 +357,14 @@ class TidegateProducer:
             if count:
                 kwargs["partition"] = self._sticky.pick(topic, count)
 
+        args = (producer, topic, delivered, kwargs, size, span)
         model = str(record["model"]) if guard is not None else ""
         if guard is None:
-            self._produce(producer, topic, delivered, kwargs, size, span)
+            self._produce(*args)
         elif guard.settled(model, pool):  # the common case: no callback made for a hold
-            guard.sending(delivered)
-            try:
-                self._produce(producer, topic, delivered, kwargs, size, span)
-            except BaseException:
-                guard.unsent(delivered)
-                raise
+            guard.send_tracked(delivered, self._produce, *args)
         else:
-            produce = partial(self._produce, producer, topic, delivered, kwargs, size, span)
+            produce = partial(self._produce, *args)
             fail = partial(report, request_id)  # a held record that could not be produced
             try:
                 guard.send_or_hold(model, pool, delivered, produce, fail)
