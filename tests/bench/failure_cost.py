@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 
+from tests.bench.proc_cpu import cpu_seconds
 from tests.bench.versus import (
     ROUNDS,
     RUN_DIR,
     CpuReaders,
     Sweep,
     best,
-    cpu_seconds,
     kafka_sweep,
     ratio,
     tidegate_workers,

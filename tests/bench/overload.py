@@ -33,7 +33,7 @@ from tests.bench import vegeta
 from tests.bench.bench_keys import infer_headers
 from tests.bench.overload_load import Answers, Sampler, http_overload, workers_lag
 from tests.bench.pipeline import STEP_S, kafka_attempt, wait_group_settled
-from tests.bench.versus import cpu_seconds, process_tree
+from tests.bench.proc_cpu import cpu_seconds, process_tree
 from tests.support import free_port, unique
 from tidegate.cli.demo import fraud_body, fraud_record
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load, percentile

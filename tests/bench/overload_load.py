@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.versus import process_tree
+from tests.bench.proc_cpu import process_tree
 from tidegate.clients.loadgen import percentile
 from tidegate.core.kafka import make_offset_reader
 from tidegate.core.settings import KafkaSettings

@@ -65,7 +65,8 @@ from tests.bench.pools_setup import (
     skip_backlog,
     stop_leftover_crash_loop,
 )
-from tests.bench.versus import cpu_seconds, process_tree, stack_cpu
+from tests.bench.proc_cpu import cpu_seconds, process_tree
+from tests.bench.versus import stack_cpu
 from tests.support import unique
 from tidegate.cli.procs import Child, spawn, stop_recorded
 from tidegate.clients.loadgen import KafkaLoad, LoadResult

@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from tests.bench.versus import cpu_seconds, process_tree
+from tests.bench.proc_cpu import cpu_seconds, process_tree
 
 __all__ = [
     "CpuReaders",

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from tests.bench.overload_load import http_overload
-from tests.bench.versus import cpu_seconds
+from tests.bench.proc_cpu import cpu_seconds
 from tests.support import free_port
 from tidegate.cli.demo import fraud_body
 

@@ -20,12 +20,11 @@ from pathlib import Path
 
 from tests.bench.bench_keys import infer_headers
 from tests.bench.broker_requests import BrokerRequests, broker_pid
+from tests.bench.proc_cpu import pid_file, process_tree
 from tests.bench.versus import (
     RUN_DIR,
     controller,
     http_warm,
-    pid_file,
-    process_tree,
     serve_examples,
     tidegate_workers,
 )
