@@ -12,8 +12,10 @@ On the same `fraud` ONNX model and the same open-loop rate steps, in rounds whos
   5 ms, `parallel_workers` 0 (the best of 0, 1 and 2 on 2 cores, by
   `python -m tests.bench.mlserver.peer`).
 
-One contender runs at a time. A rate is sustained while p99 <= 100 ms with nothing lost or failed;
-a sweep stops at the first rate that misses. The JSON generator's ceiling against a bare relay is
+HTTP load comes from vegeta for both HTTP contenders (`TIDEGATE_BENCH_HTTP_GENERATOR=python` for the
+Python generator), Kafka load from the Python generators. One contender runs at a time. A rate is
+sustained while p99 <= 100 ms with nothing lost or failed; a sweep stops at the first rate that
+misses. The JSON generator's ceiling against a bare relay is
 measured first: a peer sustained at that ceiling is limited by the generator, not by itself. CPU per
 request is counted per process (from /proc): the contender's own and, for every contender that
 goes through Kafka, the broker's (with its KRaft controller: one process here), and for tidegate
@@ -34,11 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.bench import vegeta
 from tests.bench.bench_keys import infer_headers
 from tests.bench.broker_requests import BrokerRequests, broker_pid
 from tests.bench.mlserver import peer as mlserver
 from tests.bench.peers import jsonload, run_peers
 from tests.bench.pipeline import BARS, STEP_S, kafka_attempt, wait_group_settled
+from tests.bench.proc_cpu import cpu_seconds, pid_file, process_tree
 from tests.support import free_port, unique
 from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.cli.demo import fraud_body, fraud_record
@@ -46,41 +50,18 @@ from tidegate.cli.procs import spawn, stop_recorded, wait_http
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 from tidegate.gateway.gateway_settings import GatewaySettings
 
-__all__ = ["pid_file", "process_tree", "run", "serve_examples"]
+__all__ = ["run", "serve_examples", "uses_vegeta"]
 
 RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
 RUN_DIR = Path("var/bench")
 WARM_S = 2.0
-_TICK = os.sysconf("SC_CLK_TCK")
+# The HTTP contenders' generator: vegeta (installed by `make bench`) unless this says "python".
+# The Python generator shares the 2 cores with what it measures and starts calls late under load
+# (tests/bench/vegeta.py); both HTTP contenders always get the same one.
+HTTP_GENERATOR = os.environ.get("TIDEGATE_BENCH_HTTP_GENERATOR", "vegeta")
 
 CpuReaders = dict[str, Callable[[], float]]
-
-
-def process_tree(pid: int | None) -> list[int]:
-    """`pid` and every process below it (PostgreSQL's backends come and go with connections)."""
-    if pid is None:
-        return []
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, ()))
-    return found
-
-
-def pid_file(name: str) -> int | None:
-    try:
-        return int(Path(f"var/run/{name}.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def stack_cpu() -> CpuReaders:
@@ -92,18 +73,6 @@ def stack_cpu() -> CpuReaders:
         "redis": lambda: cpu_seconds(process_tree(pid_file("redis"))),
         "registry": lambda: cpu_seconds(process_tree(pid_file("registry"))),
     }
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of the processes, their threads included, from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICK
 
 
 @dataclass
@@ -169,6 +138,9 @@ def http_attempt(
     rate: float,
     headers: dict[str, str] | None = None,
 ) -> LoadResult:
+    if uses_vegeta():
+        answers = vegeta.attack(url, body, rate=rate, seconds=STEP_S, headers=headers or {})
+        return vegeta.load_result(label, answers)
     count = max(1, int(rate * STEP_S))
     return asyncio.run(http_load(label, url, body, rate=rate, count=count, headers=headers))
 
@@ -181,8 +153,23 @@ def http_warm(
 ) -> None:
     """`WARM_S` of calls at `rate` before a step is counted, as the peers get (the Kafka
     contenders' loads warm up in `KafkaLoad.run`)."""
+    if uses_vegeta():
+        vegeta.attack(url, body, rate=rate, seconds=WARM_S, headers=headers or {})
+        return
     count = warmed(rate)
     asyncio.run(http_load("warm-up", url, body, rate=rate, count=count, headers=headers))
+
+
+def uses_vegeta() -> bool:
+    if HTTP_GENERATOR not in ("vegeta", "python"):
+        raise SystemExit(
+            f"versus: TIDEGATE_BENCH_HTTP_GENERATOR is vegeta or python, not {HTTP_GENERATOR!r}"
+        )
+    if HTTP_GENERATOR == "python":
+        return False
+    if not vegeta.available():
+        raise SystemExit("versus: vegeta is not installed: run `bash infra/bench-tools.sh`")
+    return True
 
 
 def warmed(rate: float) -> int:
@@ -373,7 +360,8 @@ def ratio(a: float, b: float) -> float:
 
 
 def run() -> None:
-    print("\nversus: the JSON generator's ceiling (bare relay, no model)")
+    print(f"\nversus: HTTP load from {'vegeta' if uses_vegeta() else 'the Python generator'}")
+    print("versus: the JSON generator's ceiling (bare relay, no model)")
     ceiling = jsonload.ceiling(
         progress=lambda r, rate: print(
             f"  generator {rate:>6g}/s  p99 {r.p(0.99):7.1f} ms  lost {r.lost}"
