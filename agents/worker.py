@@ -149,6 +149,7 @@ class InferenceWorker:
             poll_timeout_s=self._poll_timeout,
             group_metadata=self._exactly_once,
             fetch_window_s=self.settings.fetch_window_ms / 1000.0,
+            fetch_idle_s=self.settings.fetch_idle_ms / 1000.0,
         )
         self._consumer.subscribe(
             [self.requests_topic],

@@ -37,12 +37,20 @@ class WorkerSettings(BaseSettings):
         "dispatches at once (a busy model's next batch collects while it runs anyway).",
     )
     fetch_window_ms: float = Field(
-        5.0,
+        10.0,
         ge=0,
         le=1000,
         description="While requests arrive faster than they are read (a poll found more than "
         "one), how long it keeps collecting, in milliseconds (0: never): larger batches and less "
         "CPU per request under load; a lone request goes at once.",
+    )
+    fetch_idle_ms: float = Field(
+        2.0,
+        gt=0,
+        le=1000,
+        description="The fetch window closes early when its first this-many milliseconds bring "
+        "no more requests: a burst read at once (one producer's batch, as the gateway's "
+        "publishes arrive) goes without waiting out the window.",
     )
     delivery: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",

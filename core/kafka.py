@@ -249,14 +249,20 @@ def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) 
 
 
 def consume_ready(
-    consumer: Consumer, max_messages: int, timeout: float, window: float = 0.0
+    consumer: Consumer,
+    max_messages: int,
+    timeout: float,
+    window: float = 0.0,
+    idle: float | None = None,
 ) -> list[Message]:
     """Wait up to `timeout` for one message and take whatever else is already there; when that
     was more than one, messages are arriving faster than they are read: collect more for up to
-    `window` seconds.
+    `window` seconds; with `idle`, only when the first `idle` seconds of it bring more.
 
     `Consumer.consume(n, timeout)` waits the whole timeout unless n messages arrive, which adds that
     timeout to the latency of every message on a quiet topic; the window opens only under load.
+    `idle` closes it early after a burst (one producer batch read at once), which would
+    otherwise wait out the whole window for messages that are not coming.
     """
     first = consumer.poll(timeout)
     if first is None:
@@ -265,6 +271,16 @@ def consume_ready(
         return [first]
     rest = consumer.consume(num_messages=max_messages - 1, timeout=0)
     room = max_messages - 1 - len(rest)
-    if window > 0 and rest and room > 0:
+    if window <= 0 or not rest or room <= 0:
+        return [first, *rest]
+    if idle is not None and idle < window:
+        # A burst read at once (one producer's batch) is followed by nothing: go after `idle`.
+        more = consumer.consume(num_messages=room, timeout=idle)
+        if not more:
+            return [first, *rest]
+        rest.extend(more)
+        room -= len(more)
+        window -= idle
+    if room > 0:
         rest.extend(consumer.consume(num_messages=room, timeout=window))
     return [first, *rest]

@@ -34,6 +34,7 @@ class ConsumerCycle:
         poll_timeout_s: float,
         group_metadata: bool,
         fetch_window_s: float = 0.0,
+        fetch_idle_s: float | None = None,
     ) -> None:
         self.consumer = consumer
         self.paused = False
@@ -44,6 +45,7 @@ class ConsumerCycle:
         self._want_metadata = group_metadata
         self._poll_timeout = poll_timeout_s
         self._window = fetch_window_s
+        self._idle = fetch_idle_s
         self._lag_at = 0.0
         self._metadata_at = 0.0
 
@@ -75,7 +77,7 @@ class ConsumerCycle:
         if now - self._lag_at >= _LAG_EVERY_S:
             self._lag_at = now
             self._refresh_lag()
-        batch = consume_ready(consumer, room, self._poll_timeout, self._window)
+        batch = consume_ready(consumer, room, self._poll_timeout, self._window, self._idle)
         # After the poll: a rebalance it ran is already in the generation read here.
         if self._want_metadata and time.monotonic() - self._metadata_at >= _METADATA_EVERY_S:
             self._metadata_at = time.monotonic()

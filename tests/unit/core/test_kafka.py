@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tidegate.core.kafka import consume_ready
 
 
@@ -60,3 +62,43 @@ def test_the_room_is_never_exceeded() -> None:
     consumer = Recording("m0", ["m1", "m2"], later=["m3"])
     assert take(consumer, 3, 0.005) == ["m0", "m1", "m2"]
     assert take(Recording("m0", ["m1"]), 1, 0.005) == ["m0"]
+
+
+class Arriving:
+    """A consumer to which each timed consume brings the next chunk of `chunks`."""
+
+    def __init__(self, ready: list[str], chunks: list[list[str]]) -> None:
+        self.ready, self.chunks = ready, chunks
+        self.waits: list[float] = []
+
+    def poll(self, timeout: float) -> str:
+        return "m0"
+
+    def consume(self, num_messages: int, timeout: float) -> list[str]:
+        if timeout == 0:
+            taken, self.ready = self.ready, []
+            return taken
+        self.waits.append(timeout)
+        return (self.chunks.pop(0) if self.chunks else [])[:num_messages]
+
+
+def idle_take(consumer: Arriving, room: int = 500) -> list[str]:
+    return consume_ready(consumer, room, 0.1, 0.010, 0.002)  # type: ignore[arg-type,return-value]
+
+
+def test_a_burst_goes_after_the_idle_slice_not_the_whole_window() -> None:
+    consumer = Arriving(["m1", "m2"], [])
+    assert idle_take(consumer) == ["m0", "m1", "m2"]
+    assert consumer.waits == [0.002], "a burst waited out the window"
+
+
+def test_a_stream_still_arriving_gets_the_rest_of_the_window() -> None:
+    consumer = Arriving(["m1"], [["m2"], ["m3", "m4"], ["m5"]])
+    assert idle_take(consumer) == ["m0", "m1", "m2", "m3", "m4"]
+    assert consumer.waits == pytest.approx([0.002, 0.008]), "the window is 10 ms in all"
+
+
+def test_the_idle_slice_keeps_to_the_room() -> None:
+    consumer = Arriving(["m1"], [["m2", "m3", "m4"]])
+    assert idle_take(consumer, 3) == ["m0", "m1", "m2"]
+    assert consumer.waits == [0.002], "a full batch waited for more"
