@@ -34,6 +34,13 @@ operator would pin them with `taskset`: the steady pool's worker on core 0; the 
 worker (the crash supervisor and its restarted workers too) and the noisy load on core 1. The
 broker, controller, PostgreSQL, Redis, registry and the steady load stay unpinned. Each arm
 reports the CPUs each process may run on.
+
+With `TIDEGATE_BENCH_POOLS_QUOTA=CORES`, each pool's processes (the crash supervisor's restarted
+workers too) run in a CPU group of their own limited to CORES by CFS bandwidth control, as the
+CPU limit of each pool's Deployment does on Kubernetes (deploy/k8s/worker); the noisy load,
+which stands for callers on other hosts, in a group of its own with the same limit. The broker,
+controller, PostgreSQL, Redis, registry and the steady load stay unlimited. Needs root and
+cgroup v1's `cpu` controller.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from tests.bench.pools_load import (
     CpuReaders,
     NoisyLoad,
     allowed_cpus,
+    cpu_limit,
     host_busy,
     own_cpu,
     with_reaped,
@@ -56,9 +64,11 @@ from tests.bench.pools_load import (
 from tests.bench.pools_setup import (
     NOISY,
     PIN,
+    QUOTA,
     RUN_DIR,
     STEADY,
     PoolWorker,
+    cgroup_of,
     core_of,
     prepare,
     record,
@@ -171,14 +181,19 @@ class Bench:
         }
 
     def _cpus(self, noise: NoisyLoad | None) -> dict[str, str]:
-        """Where each process may run: the pinned ones and, for contrast, some left unpinned."""
+        """Where each process may run, and under which CPU limit: the pinned or limited ones
+        and, for contrast, some left alone."""
+        pids = {
+            "steady worker": process_tree(self.steady.pid),
+            "noisy worker": process_tree(self.noisy.pid),
+            "noisy load": [noise.pid] if noise else [],
+            "steady load": [os.getpid()],
+            "controller": process_tree(self.controller.process.pid),
+            "broker": process_tree(broker_pid()),
+        }
         return {
-            "steady worker": allowed_cpus(process_tree(self.steady.pid)),
-            "noisy worker": allowed_cpus(process_tree(self.noisy.pid)),
-            "noisy load": allowed_cpus([noise.pid]) if noise else "-",
-            "steady load": allowed_cpus([os.getpid()]),
-            "controller": allowed_cpus(process_tree(self.controller.process.pid)),
-            "broker": allowed_cpus(process_tree(broker_pid())),
+            name: f"{allowed_cpus(found)}{f' limit {cpu_limit(found)}' if QUOTA > 0 else ''}"
+            for name, found in pids.items()
         }
 
     def arm(self, name: str, seconds: float = SECONDS) -> Arm:
@@ -190,7 +205,15 @@ class Bench:
         if name != "alone":
             rate = RATE if crash else self.flood_rate
             log = RUN_DIR / "noisy-load.log"
-            noise = NoisyLoad(NOISY, rate, crash=crash, log=log, core=core_of(NOISY))
+            noise = NoisyLoad(
+                NOISY,
+                rate,
+                crash=crash,
+                log=log,
+                core=core_of(NOISY),
+                cgroup=cgroup_of(f"{NOISY}-load"),
+                cores=QUOTA,
+            )
         time.sleep(QUIET_S)  # what just started is done starting: not in the window
         readers = self._readers(noise)
         _wait_quiet(readers)
@@ -260,11 +283,16 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _pinning() -> str:
+    limits = (
+        f"; CPU limit {QUOTA:g} cores on each pool's processes and on the noisy load"
+        if QUOTA > 0
+        else ""
+    )
     if not PIN:
-        return "pinning off (every process on every core)"
+        return f"pinning off (every process on every core){limits}"
     return (
         f"pinning on: {STEADY}'s worker on core {core_of(STEADY)}; {NOISY}'s worker, crash "
-        f"supervisor and load on core {core_of(NOISY)}; the rest unpinned"
+        f"supervisor and load on core {core_of(NOISY)}; the rest unpinned{limits}"
     )
 
 

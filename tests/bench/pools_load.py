@@ -31,7 +31,9 @@ __all__ = [
     "CpuReaders",
     "NoisyLoad",
     "allowed_cpus",
+    "cpu_limit",
     "host_busy",
+    "in_cgroup",
     "on_core",
     "own_cpu",
     "with_reaped",
@@ -82,6 +84,53 @@ def on_core(core: int | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
+_CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
+_PERIOD_US = 100_000
+
+
+@contextmanager
+def in_cgroup(name: str | None, cores: float) -> Iterator[None]:
+    """Processes started inside run in the cgroup-v1 CPU group `name`, limited to `cores` CPUs by
+    CFS bandwidth control, as a Kubernetes CPU limit limits a pod: the thread that starts them
+    joins the group (its children inherit it) and goes back to its own after. None: no limit.
+    Needs root and cgroup v1's `cpu` controller, as the project's machines have."""
+    if name is None:
+        yield
+        return
+    group = _CPU_CGROUPS / name
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(round(cores * _PERIOD_US)))
+    home = _CPU_CGROUPS / _cpu_cgroup_of_thread().lstrip("/")
+    tid = str(threading.get_native_id())
+    (group / "tasks").write_text(tid)
+    try:
+        yield
+    finally:
+        (home / "tasks").write_text(tid)
+
+
+def _cpu_cgroup_of_thread() -> str:
+    for line in Path("/proc/thread-self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    raise RuntimeError("no cgroup-v1 cpu controller: TIDEGATE_BENCH_POOLS_QUOTA needs one")
+
+
+def cpu_limit(pids: list[int]) -> str:
+    """The CPU limit of the groups the processes run in, e.g. "0.50" or "none"."""
+    limits: set[str] = set()
+    for pid in pids:
+        with suppress(OSError, RuntimeError, ValueError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                if "cpu" in controllers.split(","):
+                    quota = int((_CPU_CGROUPS / path.lstrip("/") / "cpu.cfs_quota_us").read_text())
+                    limits.add("none" if quota < 0 else f"{quota / _PERIOD_US:.2f}")
+    return ",".join(sorted(limits)) or "-"
+
+
 def allowed_cpus(pids: list[int]) -> str:
     """The CPUs any thread of the processes may run on, e.g. "1" or "0,1" ("-": none alive)."""
     found: set[int] = set()
@@ -93,13 +142,22 @@ def allowed_cpus(pids: list[int]) -> str:
 
 
 class NoisyLoad:
-    """The parent's handle on one noisy load process (on `core` only, if given)."""
+    """The parent's handle on one noisy load process (on `core` only, and in the CPU group
+    `cgroup` limited to `cores`, if given)."""
 
     def __init__(
-        self, model: str, rate: float, *, crash: bool, log: Path, core: int | None = None
+        self,
+        model: str,
+        rate: float,
+        *,
+        crash: bool,
+        log: Path,
+        core: int | None = None,
+        cgroup: str | None = None,
+        cores: float = 0.0,
     ) -> None:
         argv = [sys.executable, "-m", "tests.bench.pools_load", model, f"{rate:g}"]
-        with log.open("ab") as err, on_core(core):
+        with log.open("ab") as err, on_core(core), in_cgroup(cgroup, cores):
             self.process = subprocess.Popen(
                 [*argv, *(["--crash"] if crash else [])],
                 stdin=subprocess.PIPE,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tests.bench.pools_crash import SIGNATURE
-from tests.bench.pools_load import on_core
+from tests.bench.pools_load import in_cgroup, on_core
 from tidegate.cli.demo_lifecycle import wait_group_settled
 from tidegate.cli.procs import Child, spawn, wait_http
 from tidegate.core.pools import pool_group, pool_topics
@@ -39,9 +39,11 @@ from tidegate.schemas.tensors import from_numpy
 __all__ = [
     "NOISY",
     "PIN",
+    "QUOTA",
     "RUN_DIR",
     "STEADY",
     "PoolWorker",
+    "cgroup_of",
     "core_of",
     "prepare",
     "record",
@@ -65,6 +67,14 @@ PIN = os.environ.get("TIDEGATE_BENCH_POOLS_PIN", "0") not in ("", "0")
 """Each pool's workers on a core of their own, as an operator would with `taskset` (off by
 default, so that runs stay comparable with the unpinned ones)."""
 CORES = {STEADY: 0, NOISY: 1}
+QUOTA = float(os.environ.get("TIDEGATE_BENCH_POOLS_QUOTA", "0") or 0)
+"""CPUs each pool's processes may use, as a Kubernetes CPU limit on each pool's Deployment sets
+it (0: no limit, the default)."""
+
+
+def cgroup_of(name: str) -> str | None:
+    """The CPU group of the pool (or of another part's processes) under `QUOTA`, else None."""
+    return f"tidegate-bench-{name}" if QUOTA > 0 else None
 
 
 def core_of(pool: str) -> int | None:
@@ -203,7 +213,7 @@ class PoolWorker:
         port = 0
         # Pinned from the start, threads and children included: the crash supervisor's
         # restarted workers inherit its core.
-        with on_core(core_of(pool)):
+        with on_core(core_of(pool)), in_cgroup(cgroup_of(pool), QUOTA):
             if crash:
                 child = _spawn_module(
                     "crash", "tests.bench.pools_crash", {"TIDEGATE_WORKER_POOL": pool}, worker_id

@@ -1,0 +1,49 @@
+"""The pools part's CPU limit: processes started inside `in_cgroup` run under it, and the thread
+that started them leaves the group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.bench.pools_load import cpu_limit, in_cgroup
+
+_CPU = Path("/sys/fs/cgroup/cpu")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (_CPU / "cgroup.procs").exists() or not os.access(_CPU, os.W_OK),
+        reason="needs root and cgroup v1's cpu controller",
+    ),
+]
+
+
+def test_a_child_started_inside_runs_under_the_limit_and_the_starter_does_not() -> None:
+    name = f"tidegate-test-{uuid.uuid4().hex[:8]}"
+    before = cpu_limit([os.getpid()])
+    with in_cgroup(name, 0.25):
+        child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert cpu_limit([child.pid]) == "0.25"
+        assert str(child.pid) in (_CPU / name / "cgroup.procs").read_text().split()
+        assert cpu_limit([os.getpid()]) == before, "the starting thread stayed in the group"
+    finally:
+        child.kill()
+        child.wait()
+        (_CPU / name).rmdir()
+
+
+def test_without_a_name_nothing_is_limited() -> None:
+    before = cpu_limit([os.getpid()])
+    with in_cgroup(None, 0.25):
+        child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert cpu_limit([child.pid]) == before
+    finally:
+        child.kill()
+        child.wait()
