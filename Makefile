@@ -104,7 +104,7 @@ demo: up models ## Set up, start the stack, controller, 2 workers and a gateway;
 	$(BIN)/tidegate schemas register
 	$(BIN)/tidegate demo $(DEMO_ARGS)
 
-# vegeta, the open-loop HTTP generator of the overload part (tests/bench/vegeta.py).
+# vegeta, the open-loop HTTP generator of the versus and overload parts (tests/bench/vegeta.py).
 $(STAMP)/bench-tools: infra/bench-tools.sh
 	@mkdir -p $(STAMP)
 	bash infra/bench-tools.sh

@@ -48,9 +48,10 @@ class WorkerSettings(BaseSettings):
         2.0,
         gt=0,
         le=1000,
-        description="The fetch window closes early when its first this-many milliseconds bring "
-        "no more requests: a burst read at once (one producer's batch, as the gateway's "
-        "publishes arrive) goes without waiting out the window.",
+        description="The fetch window closes early when its first `fetch_idle_ms` bring no more "
+        "requests: a burst read at once (one producer's batch, as the gateway's publishes "
+        "arrive) goes without waiting out the window. At or above `fetch_window_ms`, the "
+        "window never closes early.",
     )
     delivery: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",

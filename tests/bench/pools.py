@@ -36,8 +36,8 @@ broker, controller, PostgreSQL, Redis, registry and the steady load stay unpinne
 reports the CPUs each process may run on.
 
 With `TIDEGATE_BENCH_POOLS_QUOTA=CORES`, each pool's processes (the crash supervisor's restarted
-workers too) run in a CPU group of their own limited to CORES by CFS bandwidth control, as the
-CPU limit of each pool's Deployment does on Kubernetes (deploy/k8s/worker); the noisy load,
+workers too) run in one CPU group limited to CORES by CFS bandwidth control, as the `limits.cpu`
+of a pool's pod would on Kubernetes with one pod per pool (deploy/k8s/worker); the noisy load,
 which stands for callers on other hosts, in a group of its own with the same limit. The broker,
 controller, PostgreSQL, Redis, registry and the steady load stay unlimited. Needs root and
 cgroup v1's `cpu` controller.
@@ -59,6 +59,7 @@ from tests.bench.pools_load import (
     cpu_limit,
     host_busy,
     own_cpu,
+    remove_cgroup,
     with_reaped,
 )
 from tests.bench.pools_setup import (
@@ -366,3 +367,6 @@ def run() -> None:
         if bench is not None:
             bench.stop()
         controller.stop()
+        for name in (STEADY, NOISY, f"{NOISY}-load"):
+            if (group := cgroup_of(name)) is not None:
+                remove_cgroup(group)

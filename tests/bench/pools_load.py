@@ -36,6 +36,7 @@ __all__ = [
     "in_cgroup",
     "on_core",
     "own_cpu",
+    "remove_cgroup",
     "with_reaped",
 ]
 
@@ -94,20 +95,27 @@ def in_cgroup(name: str | None, cores: float) -> Iterator[None]:
     CFS bandwidth control, as a Kubernetes CPU limit limits a pod: the thread that starts them
     joins the group (its children inherit it) and goes back to its own after. None: no limit.
     Needs root and cgroup v1's `cpu` controller, as the project's machines have."""
-    if name is None:
+    if name is None or cores <= 0:
         yield
         return
+    home = _CPU_CGROUPS / _cpu_cgroup_of_thread().lstrip("/")
     group = _CPU_CGROUPS / name
     group.mkdir(exist_ok=True)
     (group / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
-    (group / "cpu.cfs_quota_us").write_text(str(round(cores * _PERIOD_US)))
-    home = _CPU_CGROUPS / _cpu_cgroup_of_thread().lstrip("/")
+    # The kernel's least quota is 1 ms a period.
+    (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(cores * _PERIOD_US))))
     tid = str(threading.get_native_id())
     (group / "tasks").write_text(tid)
     try:
         yield
     finally:
         (home / "tasks").write_text(tid)
+
+
+def remove_cgroup(name: str) -> None:
+    """Remove a group `in_cgroup` made, once its processes are gone (kept if some are not)."""
+    with suppress(OSError):
+        (_CPU_CGROUPS / name).rmdir()
 
 
 def _cpu_cgroup_of_thread() -> str:

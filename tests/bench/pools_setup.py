@@ -211,8 +211,8 @@ class PoolWorker:
 
         worker_id = f"{pool}-{'crash' if crash else 'w1'}"
         port = 0
-        # Pinned from the start, threads and children included: the crash supervisor's
-        # restarted workers inherit its core.
+        # Pinned and limited from the start, threads and children included: the crash
+        # supervisor's restarted workers inherit its core and its CPU group.
         with on_core(core_of(pool)), in_cgroup(cgroup_of(pool), QUOTA):
             if crash:
                 child = _spawn_module(

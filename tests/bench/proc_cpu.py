@@ -21,9 +21,12 @@ def process_tree(pid: int | None) -> list[int]:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
+    found, todo, seen = [], [pid], set()
     while todo:
         current = todo.pop()
+        if current in seen:  # a pid reused while /proc was read could close a loop
+            continue
+        seen.add(current)
         found.append(current)
         todo.extend(children.get(current, ()))
     return found

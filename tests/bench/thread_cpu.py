@@ -24,9 +24,9 @@ from tests.bench.proc_cpu import pid_file, process_tree
 from tests.bench.versus import (
     RUN_DIR,
     controller,
-    http_warm,
     serve_examples,
     tidegate_workers,
+    warmed,
 )
 from tidegate.cli.demo import fraud_body
 from tidegate.cli.procs import spawn, stop_recorded, wait_http
@@ -78,7 +78,10 @@ def _load(url: str, rate: float, headers: dict[str, str]) -> LoadResult:
 
 
 def _step(url: str, rate: float, headers: dict[str, str], groups: dict[str, list[int]]) -> None:
-    http_warm(url, fraud_body, rate, headers=headers)
+    # Warmed with the generator that measures the step (part versus warms with vegeta).
+    asyncio.run(
+        http_load("warm-up", url, fraud_body, rate=rate, count=warmed(rate), headers=headers)
+    )
     broker = BrokerRequests()
     asked = broker.read()
     before = thread_seconds(groups)

@@ -56,10 +56,6 @@ RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
 RUN_DIR = Path("var/bench")
 WARM_S = 2.0
-# The HTTP contenders' generator: vegeta (installed by `make bench`) unless this says "python".
-# The Python generator shares the 2 cores with what it measures and starts calls late under load
-# (tests/bench/vegeta.py); both HTTP contenders always get the same one.
-HTTP_GENERATOR = os.environ.get("TIDEGATE_BENCH_HTTP_GENERATOR", "vegeta")
 
 CpuReaders = dict[str, Callable[[], float]]
 
@@ -161,11 +157,16 @@ def http_warm(
 
 
 def uses_vegeta() -> bool:
-    if HTTP_GENERATOR not in ("vegeta", "python"):
+    """Whether the HTTP contenders' generator is vegeta (installed by `make bench`), as it is
+    unless TIDEGATE_BENCH_HTTP_GENERATOR says "python". The Python generator shares the 2 cores
+    with what it measures and starts calls late under load (tests/bench/vegeta.py); both HTTP
+    contenders always get the same one."""
+    generator = os.environ.get("TIDEGATE_BENCH_HTTP_GENERATOR", "vegeta")
+    if generator not in ("vegeta", "python"):
         raise SystemExit(
-            f"versus: TIDEGATE_BENCH_HTTP_GENERATOR is vegeta or python, not {HTTP_GENERATOR!r}"
+            f"versus: TIDEGATE_BENCH_HTTP_GENERATOR is vegeta or python, not {generator!r}"
         )
-    if HTTP_GENERATOR == "python":
+    if generator == "python":
         return False
     if not vegeta.available():
         raise SystemExit("versus: vegeta is not installed: run `bash infra/bench-tools.sh`")
@@ -360,8 +361,10 @@ def ratio(a: float, b: float) -> float:
 
 
 def run() -> None:
-    print(f"\nversus: HTTP load from {'vegeta' if uses_vegeta() else 'the Python generator'}")
-    print("versus: the JSON generator's ceiling (bare relay, no model)")
+    if any(name in ("tidegate", "mlserver") for name, _ in CONTENDERS):
+        shown = "vegeta" if uses_vegeta() else "the Python generator"
+        print(f"\nversus: HTTP load from {shown}")
+    print("\nversus: the JSON generator's ceiling (bare relay, no model)")
     ceiling = jsonload.ceiling(
         progress=lambda r, rate: print(
             f"  generator {rate:>6g}/s  p99 {r.p(0.99):7.1f} ms  lost {r.lost}"

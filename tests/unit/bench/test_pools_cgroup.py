@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.pools_load import cpu_limit, in_cgroup
+from tests.bench.pools_load import cpu_limit, in_cgroup, remove_cgroup
 
 _CPU = Path("/sys/fs/cgroup/cpu")
 
@@ -35,7 +35,7 @@ def test_a_child_started_inside_runs_under_the_limit_and_the_starter_does_not() 
     finally:
         child.kill()
         child.wait()
-        (_CPU / name).rmdir()
+        remove_cgroup(name)
 
 
 def test_without_a_name_nothing_is_limited() -> None:
@@ -47,3 +47,22 @@ def test_without_a_name_nothing_is_limited() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_starting_thread_leaves_the_group_when_the_start_fails() -> None:
+    name = f"tidegate-test-{uuid.uuid4().hex[:8]}"
+    before = cpu_limit([os.getpid()])
+    try:
+        with pytest.raises(FileNotFoundError), in_cgroup(name, 0.25):
+            subprocess.Popen(["/nonexistent/program"])
+        assert cpu_limit([os.getpid()]) == before, "a failed start left the thread limited"
+    finally:
+        remove_cgroup(name)
+    assert not (_CPU / name).exists(), "the emptied group was not removed"
+
+
+def test_no_limit_at_zero_cores() -> None:
+    name = f"tidegate-test-{uuid.uuid4().hex[:8]}"
+    with in_cgroup(name, 0.0):
+        pass
+    assert not (_CPU / name).exists(), "a group was made for no limit"

@@ -10,7 +10,7 @@ from tests.bench import vegeta, versus
 def test_vegeta_is_the_default_and_a_missing_one_stops_the_part(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(versus, "HTTP_GENERATOR", "vegeta")
+    monkeypatch.delenv("TIDEGATE_BENCH_HTTP_GENERATOR", raising=False)
     monkeypatch.setattr(vegeta, "available", lambda: True)
     assert versus.uses_vegeta()
     monkeypatch.setattr(vegeta, "available", lambda: False)
@@ -21,8 +21,9 @@ def test_vegeta_is_the_default_and_a_missing_one_stops_the_part(
 def test_the_python_generator_is_chosen_by_name_and_nothing_else_is_taken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(versus, "HTTP_GENERATOR", "python")
+    monkeypatch.setattr(vegeta, "available", lambda: False)
+    monkeypatch.setenv("TIDEGATE_BENCH_HTTP_GENERATOR", "python")
     assert not versus.uses_vegeta()
-    monkeypatch.setattr(versus, "HTTP_GENERATOR", "wrk")
+    monkeypatch.setenv("TIDEGATE_BENCH_HTTP_GENERATOR", "wrk")
     with pytest.raises(SystemExit, match="not 'wrk'"):
         versus.uses_vegeta()

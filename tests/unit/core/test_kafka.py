@@ -102,3 +102,11 @@ def test_the_idle_slice_keeps_to_the_room() -> None:
     consumer = Arriving(["m1"], [["m2", "m3", "m4"]])
     assert idle_take(consumer, 3) == ["m0", "m1", "m2"]
     assert consumer.waits == [0.002], "a full batch waited for more"
+
+
+def test_an_idle_at_or_past_the_window_leaves_the_window_whole() -> None:
+    for idle in (0.010, 0.050):
+        consumer = Arriving(["m1"], [["m2"]])
+        taken: list[str] = consume_ready(consumer, 500, 0.1, 0.010, idle)  # type: ignore[arg-type,assignment]
+        assert taken == ["m0", "m1", "m2"]
+        assert consumer.waits == [0.010], f"idle {idle}: the window was not one whole wait"
