@@ -147,6 +147,9 @@ class ReplyRouter:
         if waiter is not None and not waiter.future.done():
             del self._waiting[request_id]
             waiter.future.set_result(result)
+            if result.get("status") == "DEADLINE_EXCEEDED":
+                # Answered 504, which promises a fetch by id (`Inference._call` stores the rest).
+                self._write(self._store_result(request_id, raw, waiter.owner, nonce))
             outcome = "awaited"
         elif kept is not None or waiter is not None:
             # A call still registered but ended has just ended, almost always at its deadline:

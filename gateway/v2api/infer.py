@@ -355,9 +355,15 @@ class Inference:
             deadline = CallDeadline(reply, wait_s, request_id)
             deadline.arm(self._services.publisher.send(record, lane, deadline.failed))
             try:
-                return await reply
+                result = await reply
             finally:
                 deadline.cancel()
+            if result.get("status") == "DEADLINE_EXCEEDED":
+                # A worker's DEADLINE_EXCEEDED that came before Kafka's late ack is answered 504
+                # too, which promises a fetch by id: the router stores the result, and this its
+                # request, as for a call that timed out here.
+                kept = await self._keep_late(request_id, record, prefs, owner, nonce)
+            return result
         except ResultTimeoutError:
             # Remembered before anything is awaited, so a result arriving meanwhile is stored.
             self._router.keep(request_id, owner, nonce)
@@ -381,6 +387,23 @@ class Inference:
             self._admission.release(request_id)
             if not kept:
                 await self._release(request_id, nonce, chosen)
+
+    async def _keep_late(
+        self,
+        request_id: str,
+        record: RequestRecord,
+        prefs: OutputPrefs,
+        owner: str | None,
+        nonce: str | None,
+    ) -> bool:
+        try:
+            await self._services.store.save(
+                request_id, meta=_meta(record, prefs), owner=owner, nonce=nonce
+            )
+        except TidegateError as exc:
+            _log.warning("the late answer of %s may not be fetched by id: %s", request_id, exc)
+            return False
+        return True
 
     async def _release(self, request_id: str, nonce: str | None, chosen: bool) -> None:
         """Give back a chosen id's reservation: the call ended, and promised no later fetch."""

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.unit.gateway_harness import Harness, features, left_s
+from tests.support import eventually
+from tests.unit.gateway_harness import Harness, features, left_s, make_result
 from tidegate.clients.producer import PublishError
 from tidegate.core.errors import ResultTimeoutError
 from tidegate.gateway.http_errors import RequestIdTakenError, RequestInFlightError
+from tidegate.gateway.roundtrip.result_store import StoredRequest
 from tidegate.gateway.v2api.gateway_runtime import GatewayRuntime
 from tidegate.gateway.v2api.infer import InferCall, Inference, Outcome
 
@@ -180,3 +182,23 @@ async def test_an_async_retry_of_another_callers_id_is_taken(
     stolen = await inference.infer(call("hers", respond_async=True, owner="mallory"))
     assert isinstance(stolen.error, RequestIdTakenError)
     assert len(harness.worker.published) == 1
+
+
+async def test_a_deadline_exceeded_answer_before_the_ack_can_still_be_fetched(
+    plane: tuple[Harness, Inference],
+) -> None:
+    """The worker's DEADLINE_EXCEEDED can overtake Kafka's late ack: the call then ends with
+    that answer, 504, and a fetch by id must find it as it would after a timeout here."""
+    harness, inference = plane
+    harness.worker.hold_ack = True
+    harness.worker.answer = lambda record: make_result(record, status="DEADLINE_EXCEEDED")
+    outcome = await inference.infer(call("overtaken", timeout="0.001"))
+    assert outcome.result is not None
+    assert outcome.result["status"] == "DEADLINE_EXCEEDED"
+
+    def stored() -> StoredRequest | None:
+        found = harness.store.requests.get("overtaken")
+        return found if found is not None and found.meta and found.result else None
+
+    found = await eventually(stored, timeout=5, interval=0.01, what="the late answer stored")
+    assert found.owner == "alice"
