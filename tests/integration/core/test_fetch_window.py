@@ -1,0 +1,48 @@
+"""The worker's fetch window against the real broker: a burst read at once goes after the idle
+slice, not the whole window; without the idle close the same burst waits the window out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from tests.support import unique
+from tidegate.core.kafka import consume_ready, make_consumer, make_producer
+from tidegate.core.settings import KafkaSettings
+
+_BURST = 5
+
+
+@pytest.fixture
+def burst(kafka_settings: KafkaSettings, new_topic: Callable[..., str]) -> Iterator[Consumer]:
+    """A consumer of a topic that holds one producer's burst, produced before it reads."""
+    topic = new_topic("fetch-window")
+    producer = make_producer(kafka_settings)
+    for i in range(_BURST):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    consumer = make_consumer(kafka_settings, unique("fetch-window"))
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    yield consumer
+    consumer.close()
+
+
+def timed(consumer: Consumer, window: float, idle: float | None) -> tuple[int, float]:
+    started = time.monotonic()
+    taken = consume_ready(consumer, 500, 30.0, window, idle)
+    return len(taken), time.monotonic() - started
+
+
+def test_a_burst_goes_after_the_idle_slice(burst: Consumer) -> None:
+    count, took = timed(burst, window=5.0, idle=0.1)
+    assert count == _BURST
+    assert took < 2.5, f"the burst waited {took:.2f} s of a 5 s window"
+
+
+def test_without_the_idle_close_a_burst_waits_the_window_out(burst: Consumer) -> None:
+    count, took = timed(burst, window=1.0, idle=None)
+    assert count == _BURST
+    assert took >= 0.95, f"the window closed after {took:.2f} s of 1 s"
