@@ -98,7 +98,9 @@ def in_cgroup(name: str | None, cores: float) -> Iterator[None]:
     if name is None or cores <= 0:
         yield
         return
-    home = _CPU_CGROUPS / _cpu_cgroup_of_thread().lstrip("/")
+    home = _cpu_cgroup(Path("/proc/thread-self/cgroup"))
+    if home is None:
+        raise RuntimeError("no cgroup-v1 cpu controller: TIDEGATE_BENCH_POOLS_QUOTA needs one")
     group = _CPU_CGROUPS / name
     group.mkdir(exist_ok=True)
     (group / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
@@ -118,24 +120,24 @@ def remove_cgroup(name: str) -> None:
         (_CPU_CGROUPS / name).rmdir()
 
 
-def _cpu_cgroup_of_thread() -> str:
-    for line in Path("/proc/thread-self/cgroup").read_text().splitlines():
+def _cpu_cgroup(listing: Path) -> Path | None:
+    """The cgroup-v1 CPU group a `/proc/.../cgroup` file names, or None without that controller."""
+    for line in listing.read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "cpu" in controllers.split(","):
-            return path
-    raise RuntimeError("no cgroup-v1 cpu controller: TIDEGATE_BENCH_POOLS_QUOTA needs one")
+            return _CPU_CGROUPS / path.lstrip("/")
+    return None
 
 
 def cpu_limit(pids: list[int]) -> str:
     """The CPU limit of the groups the processes run in, e.g. "0.50" or "none"."""
     limits: set[str] = set()
     for pid in pids:
-        with suppress(OSError, RuntimeError, ValueError):
-            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-                _, controllers, path = line.split(":", 2)
-                if "cpu" in controllers.split(","):
-                    quota = int((_CPU_CGROUPS / path.lstrip("/") / "cpu.cfs_quota_us").read_text())
-                    limits.add("none" if quota < 0 else f"{quota / _PERIOD_US:.2f}")
+        with suppress(OSError, ValueError):
+            group = _cpu_cgroup(Path(f"/proc/{pid}/cgroup"))
+            if group is not None:
+                quota = int((group / "cpu.cfs_quota_us").read_text())
+                limits.add("none" if quota < 0 else f"{quota / _PERIOD_US:.2f}")
     return ",".join(sorted(limits)) or "-"
 
 

@@ -24,9 +24,9 @@ from tests.bench.proc_cpu import pid_file, process_tree
 from tests.bench.versus import (
     RUN_DIR,
     controller,
+    python_warm,
     serve_examples,
     tidegate_workers,
-    warmed,
 )
 from tidegate.cli.demo import fraud_body
 from tidegate.cli.procs import spawn, stop_recorded, wait_http
@@ -79,9 +79,7 @@ def _load(url: str, rate: float, headers: dict[str, str]) -> LoadResult:
 
 def _step(url: str, rate: float, headers: dict[str, str], groups: dict[str, list[int]]) -> None:
     # Warmed with the generator that measures the step (part versus warms with vegeta).
-    asyncio.run(
-        http_load("warm-up", url, fraud_body, rate=rate, count=warmed(rate), headers=headers)
-    )
+    python_warm(url, fraud_body, rate, headers)
     broker = BrokerRequests()
     asked = broker.read()
     before = thread_seconds(groups)

@@ -50,7 +50,7 @@ from tidegate.cli.procs import spawn, stop_recorded, wait_http
 from tidegate.clients.loadgen import KafkaLoad, LoadResult, http_load
 from tidegate.gateway.gateway_settings import GatewaySettings
 
-__all__ = ["run", "serve_examples", "uses_vegeta"]
+__all__ = ["python_warm", "run", "serve_examples", "uses_vegeta"]
 
 RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
@@ -152,6 +152,16 @@ def http_warm(
     if uses_vegeta():
         vegeta.attack(url, body, rate=rate, seconds=WARM_S, headers=headers or {})
         return
+    python_warm(url, body, rate, headers)
+
+
+def python_warm(
+    url: str,
+    body: Callable[[int], dict[str, Any]],
+    rate: float,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """`http_warm` with the Python generator, whichever the HTTP contenders get."""
     count = warmed(rate)
     asyncio.run(http_load("warm-up", url, body, rate=rate, count=count, headers=headers))
 
