@@ -34,7 +34,7 @@ from tidegate.schemas.codec import AvroEncoder
 from tidegate.schemas.records import ReplyToRecord, ResultRecord
 from tidegate.schemas.requests import SUBMISSION_HEADER
 
-__all__ = ["Ack", "ResultPublisher"]
+__all__ = ["Ack", "ResultBatch", "ResultPublisher"]
 
 log = get_logger(__name__)
 
@@ -44,6 +44,9 @@ Ack = Callable[[KafkaError | None, Message], None]
 _STICKY_WINDOW_S = 0.01
 _METADATA_TIMEOUT_S = 10.0
 _METADATA_REREAD_S = 30.0
+# A result at least this large goes out on its own, where a too-large one is told at once and the
+# sink answers the request with the error instead (the broker's default limit is 1 MB).
+_BATCH_MAX_BYTES = 256 * 1024
 
 _RECORD_UNIONS = (
     ("source", "dev.tidegate.common.SourcePosition"),
@@ -145,8 +148,10 @@ class ResultPublisher:
         *,
         keyed: bool = True,
         reply_ack: Ack | None = None,
+        batch: ResultBatch | None = None,
     ) -> int:
         """Produce an encoded result; returns how many messages were produced (1 or 2).
+        With `batch`, its copy for the results topic may wait in it for the batch's `send`.
         `headers` (the request's trace context) go with the result and the reply, and the reply
         carries its submission's nonce too (`SUBMISSION_HEADER`). `keyed`: the request had a
         routing key, whose partition the result must go to; else any does. `reply_ack`: the
@@ -155,13 +160,18 @@ class ResultPublisher:
         partition = None
         if not keyed and self._result_partitions:
             partition = self._sticky.pick(self.topics.results, self._result_partitions)
-        self._produce(self.topics.results, value, key, partition, ack, headers)
+        if batch is not None and not headers and len(value) < _BATCH_MAX_BYTES:
+            batch.add(value, key, partition)
+        else:
+            if batch is not None:
+                batch.send()  # what was queued before this result goes out before it
+            self.produce_one(self.topics.results, value, key, partition, ack, headers)
         if not reply_to:
             return 1
         nonce = reply_to.get("nonce")
         if nonce:
             headers = [*(headers or ()), (SUBMISSION_HEADER, str(nonce).encode())]
-        self._produce(
+        self.produce_one(
             str(reply_to["topic"]), value, key, reply_to.get("partition"), reply_ack, headers
         )
         return 2
@@ -169,7 +179,7 @@ class ResultPublisher:
     def dead_letter(
         self, topic: str, envelope: Mapping[str, Any], key: bytes | None, ack: Ack | None
     ) -> None:
-        self._produce(topic, self._letters.encode(envelope, self._ids[topic]), key, None, ack)
+        self.produce_one(topic, self._letters.encode(envelope, self._ids[topic]), key, None, ack)
 
     def shadow(self, comparison: Mapping[str, Any]) -> bool:
         """Produce a ShadowComparison record, keyed by model; False when it was dropped. No
@@ -203,7 +213,7 @@ class ResultPublisher:
             left += int(self.side.flush(timeout))
         return left
 
-    def _produce(
+    def produce_one(
         self,
         topic: str,
         value: bytes,
@@ -212,6 +222,7 @@ class ResultPublisher:
         ack: Ack | None,
         headers: KafkaHeaders | None = None,
     ) -> None:
+        """One message, waiting for room in the local queue."""
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if ack is not None:
             kwargs["on_delivery"] = ack
@@ -227,6 +238,59 @@ class ResultPublisher:
                 # The local queue is full. The worker's delivery thread serves acknowledgements
                 # (serving them here too would count them on two threads): wait for room.
                 time.sleep(0.005)
+
+
+class ResultBatch:
+    """A flush's results for the results topic, handed to librdkafka in one `produce_batch` call
+    rather than one `produce` each: each call takes the producer's locks and wakes its threads,
+    and per message that was the worker's largest cost after the model (docs/worker.md).
+
+    `produce_batch` carries no headers, so a traced result goes out alone, after what the batch
+    holds (`ResultPublisher.result` sends it first): the order of the results topic is the order
+    of `add`. librdkafka queues the messages in order; one the full local queue refused is produced
+    again, waiting for room, if nothing after it was queued. Otherwise, or for any other refusal,
+    `fail` is told, since a later message of its partition would overtake it: the worker fails and
+    its requests are redone from their committed offsets."""
+
+    __slots__ = ("_ack", "_fail", "_messages", "_publisher")
+
+    def __init__(
+        self, publisher: ResultPublisher, ack: Ack | None, fail: Callable[[BaseException], None]
+    ) -> None:
+        self._publisher = publisher
+        self._ack = ack
+        self._fail = fail
+        self._messages: list[dict[str, Any]] = []
+
+    def add(self, value: bytes, key: bytes | None, partition: int | None) -> None:
+        message: dict[str, Any] = {"key": key, "value": value}
+        if partition is not None and partition >= 0:
+            message["partition"] = partition
+        self._messages.append(message)
+
+    def send(self) -> None:
+        """Queue what was added since the last `send`."""
+        messages, self._messages = self._messages, []
+        if not messages:
+            return
+        publisher = self._publisher
+        topic = publisher.topics.results
+        if self._ack is None:
+            publisher.producer.produce_batch(topic, messages)
+        else:
+            publisher.producer.produce_batch(topic, messages, on_delivery=self._ack)
+        refused = [k for k, m in enumerate(messages) if "_error" in m]
+        if not refused:
+            return
+        first = refused[0]
+        errors: list[KafkaError] = [m["_error"] for m in messages[first:] if "_error" in m]
+        if len(errors) != len(messages) - first or any(
+            e.code() != KafkaError._QUEUE_FULL for e in errors
+        ):
+            self._fail(KafkaException(errors[0]))
+            return
+        for m in messages[first:]:
+            publisher.produce_one(topic, m["value"], m["key"], m.get("partition"), self._ack)
 
 
 def _log_failure(err: KafkaError | None, msg: Message) -> None:

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference.result_builders import error_result
-from tidegate.agents.kafka_io.delivery import ResultPublisher
+from tidegate.agents.kafka_io.delivery import ResultBatch, ResultPublisher
 from tidegate.agents.kafka_io.offsets import OffsetTracker
 from tidegate.agents.tasks import worker_tracing as tracing
 from tidegate.agents.tasks.inference_task import InferenceTask
@@ -116,10 +116,12 @@ def _produce(
     ack: Any,
     traced: bool,
     reply_ack: Any = None,
+    batch: ResultBatch | None = None,
 ) -> int:
     """Produce one entry; a result too large for Kafka (or not encodable) is answered with the
-    error instead. Returns how many messages went out. `traced`: the result carries its
-    request's trace context on, and the request's span ends. `reply_ack`: the reply's."""
+    error instead. Returns how many messages went out or wait in `batch`. `traced`: the result
+    carries its request's trace context on, and the request's span ends. `reply_ack`: the
+    reply's."""
     if entry.letter is not None:
         topic, envelope = entry.letter
         publisher.dead_letter(topic, envelope, entry.key, ack)
@@ -133,14 +135,14 @@ def _produce(
     try:
         value = publisher.encode_result(entry.result)
         produced = publisher.result(
-            value, entry.key, reply_to, ack, headers, keyed=keyed, reply_ack=reply_ack
+            value, entry.key, reply_to, ack, headers, keyed=keyed, reply_ack=reply_ack, batch=batch
         )
     except (SerializationError, KafkaException) as exc:
         failure = ModelExecutionError(f"the result could not be published: {exc}")
         entry.result = error_result(task, failure, worker_id=worker_id)
         value = publisher.encode_result(entry.result)
         produced = publisher.result(
-            value, entry.key, reply_to, ack, headers, keyed=keyed, reply_ack=reply_ack
+            value, entry.key, reply_to, ack, headers, keyed=keyed, reply_ack=reply_ack, batch=batch
         )
     if traced:
         tracing.finished(task, entry.result)
@@ -176,12 +178,13 @@ class AckedSink:
         self._entries = []
         produced = _Produced(entries, self._loop, self._fatal)
         publisher, worker_id, traced = self._publisher, self._worker_id, self._traced
-        produced.arm(
-            sum(
-                _produce(publisher, e, worker_id, produced.ack, traced, produced.reply_ack)
-                for e in entries
-            )
+        batch = ResultBatch(publisher, produced.ack, self._fatal)
+        count = sum(
+            _produce(publisher, e, worker_id, produced.ack, traced, produced.reply_ack, batch)
+            for e in entries
         )
+        batch.send()
+        produced.arm(count)
 
 
 class TransactionalSink:
@@ -236,8 +239,11 @@ class TransactionalSink:
         if not self._open:
             self._producer.begin_transaction()
             self._open = True
+        batch = ResultBatch(self._publisher, None, self._fatal)
         for entry in entries:
-            _produce(self._publisher, entry, self._worker_id, None, self._traced)
+            _produce(self._publisher, entry, self._worker_id, None, self._traced, batch=batch)
+        batch.send()
+        for entry in entries:
             entry.tracker.done(entry.offset)
 
     async def commit(self) -> bool:

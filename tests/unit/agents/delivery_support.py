@@ -70,6 +70,7 @@ class Publisher:
         *,
         keyed: bool = True,
         reply_ack: Any = None,
+        batch: Any = None,
     ) -> int:
         self.pending.append(ack)
         return 1

@@ -36,6 +36,11 @@ class TxnProducer:
         assert self.in_transaction, "produced outside a transaction"
         self.calls.append(("produce", topic, kwargs["value"]))
 
+    def produce_batch(self, topic: str, messages: list[dict[str, Any]], **_: Any) -> int:
+        assert self.in_transaction, "produced outside a transaction"
+        self.calls.extend(("produce", topic, m["value"]) for m in messages)
+        return len(messages)
+
     def send_offsets_to_transaction(
         self, offsets: list[TopicPartition], meta: Any, _t: float
     ) -> None:
@@ -72,9 +77,13 @@ class Publisher:
         *,
         keyed: bool = True,
         reply_ack: Any = None,
+        batch: Any = None,
     ) -> int:
         assert ack is None, "exactly-once needs no acknowledgement per message"
-        self.producer.produce(TOPICS.results, key=key, value=value)
+        if batch is not None:
+            batch.add(value, key, None)
+        else:
+            self.producer.produce(TOPICS.results, key=key, value=value)
         return 1
 
     def dead_letter(self, topic: str, envelope: Any, key: bytes | None, ack: Any) -> None:

@@ -87,6 +87,7 @@ class WorkerPublisher(delivery.Publisher):
         *,
         keyed: bool = True,
         reply_ack: Any = None,
+        batch: Any = None,
     ) -> int:
         self.acks[value.decode()] = ack
         self.headers[value.decode()] = headers
