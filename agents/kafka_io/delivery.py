@@ -271,26 +271,42 @@ class ResultBatch:
     def send(self) -> None:
         """Queue what was added since the last `send`."""
         messages, self._messages = self._messages, []
-        if not messages:
-            return
+        # confluent-kafka's produce_batch ignores a message's own `partition` (librdkafka takes
+        # it only with a flag the binding does not pass): a run of messages for one named
+        # partition goes in one call naming it, the rest to the partitioner by key.
+        start = 0
+        for end in range(1, len(messages) + 1):
+            if end == len(messages) or messages[end].get("partition") != messages[start].get(
+                "partition"
+            ):
+                if not self._queue(messages[start:end]):
+                    return
+                start = end
+
+    def _queue(self, run: list[dict[str, Any]]) -> bool:
+        """One run of messages of one partition (or none named); False when the batch failed."""
         publisher = self._publisher
         topic = publisher.topics.results
-        if self._ack is None:
-            publisher.producer.produce_batch(topic, messages)
-        else:
-            publisher.producer.produce_batch(topic, messages, on_delivery=self._ack)
-        refused = [k for k, m in enumerate(messages) if "_error" in m]
+        kwargs: dict[str, Any] = {}
+        if self._ack is not None:
+            kwargs["on_delivery"] = self._ack
+        partition = run[0].get("partition")
+        if partition is not None:
+            kwargs["partition"] = partition
+        publisher.producer.produce_batch(topic, run, **kwargs)
+        refused = [k for k, m in enumerate(run) if "_error" in m]
         if not refused:
-            return
+            return True
         first = refused[0]
-        errors: list[KafkaError] = [m["_error"] for m in messages[first:] if "_error" in m]
-        if len(errors) != len(messages) - first or any(
+        errors: list[KafkaError] = [m["_error"] for m in run[first:] if "_error" in m]
+        if len(errors) != len(run) - first or any(
             e.code() != KafkaError._QUEUE_FULL for e in errors
         ):
             self._fail(KafkaException(errors[0]))
-            return
-        for m in messages[first:]:
+            return False
+        for m in run[first:]:
             publisher.produce_one(topic, m["value"], m["key"], m.get("partition"), self._ack)
+        return True
 
 
 def _log_failure(err: KafkaError | None, msg: Message) -> None:

@@ -26,6 +26,8 @@ class BatchProducer:
         self.queued: list[tuple[str, bytes, str]] = []
         self.batch_calls = 0
         self.refuse: dict[int, int] = {}
+        # (the call's partition, the partitions its messages asked for), per call
+        self.calls: list[tuple[int | None, list[int | None]]] = []
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(8)))
@@ -34,8 +36,12 @@ class BatchProducer:
     def produce(self, topic: str, **kwargs: Any) -> None:
         self.queued.append((topic, kwargs["value"], "alone"))
 
-    def produce_batch(self, topic: str, messages: list[dict[str, Any]], **_: Any) -> int:
+    def produce_batch(
+        self, topic: str, messages: list[dict[str, Any]], partition: int | None = None, **_: Any
+    ) -> int:
+        # As confluent-kafka's: a message's own `partition` is ignored, only the call's counts.
         self.batch_calls += 1
+        self.calls.append((partition, [m.get("partition") for m in messages]))
         for k, message in enumerate(messages):
             code = self.refuse.get(k)
             if code is not None:
@@ -65,6 +71,21 @@ def test_a_flush_is_one_batch_call_in_the_order_added() -> None:
     assert producer.batch_calls == 1
     assert [v for _, v, _ in producer.queued] == [b"r0", b"r1", b"r2", b"r3", b"r4"]
     assert not fails
+
+
+def test_a_run_for_one_named_partition_is_one_call_naming_it() -> None:
+    """The binding ignores a message's own partition: keyless results (a sticky partition) go in
+    a call that names it, keyed ones in a call left to the partitioner, in the order added."""
+    producer = BatchProducer()
+    pub = publisher(producer)
+    batch = ResultBatch(pub, None, lambda exc: None)
+    batch.add(b"a", b"r-1", 3)
+    batch.add(b"b", b"r-2", 3)
+    batch.add(b"c", b"card-1", None)
+    batch.add(b"d", b"r-3", 5)
+    batch.send()
+    assert producer.calls == [(3, [3, 3]), (None, [None]), (5, [5])]
+    assert [v for _, v, _ in producer.queued] == [b"a", b"b", b"c", b"d"]
 
 
 def test_a_traced_result_goes_alone_after_what_was_added_before_it() -> None:
@@ -158,9 +179,15 @@ async def test_the_at_least_once_sink_releases_a_flush_once_every_batched_ack_is
     acks: list[Any] = []
 
     class AckingProducer(BatchProducer):
-        def produce_batch(self, topic: str, messages: list[dict[str, Any]], **kw: Any) -> int:
+        def produce_batch(
+            self,
+            topic: str,
+            messages: list[dict[str, Any]],
+            partition: int | None = None,
+            **kw: Any,
+        ) -> int:
             acks.extend([kw["on_delivery"]] * len(messages))
-            return super().produce_batch(topic, messages)
+            return super().produce_batch(topic, messages, partition)
 
     producer = AckingProducer()
     pub = publisher(producer)
