@@ -268,8 +268,8 @@ class ResultBatch:
             message["partition"] = partition
         self._messages.append(message)
 
-    def send(self) -> None:
-        """Queue what was added since the last `send`."""
+    def send(self) -> bool:
+        """Queue what was added since the last `send`; False when the batch failed."""
         messages, self._messages = self._messages, []
         # confluent-kafka's produce_batch ignores a message's own `partition` (librdkafka takes
         # it only with a flag the binding does not pass): a run of messages for one named
@@ -280,8 +280,9 @@ class ResultBatch:
                 "partition"
             ):
                 if not self._queue(messages[start:end]):
-                    return
+                    return False
                 start = end
+        return True
 
     def _queue(self, run: list[dict[str, Any]]) -> bool:
         """One run of messages of one partition (or none named); False when the batch failed."""

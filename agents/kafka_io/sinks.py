@@ -242,7 +242,8 @@ class TransactionalSink:
         batch = ResultBatch(self._publisher, None, self._fatal)
         for entry in entries:
             _produce(self._publisher, entry, self._worker_id, None, self._traced, batch=batch)
-        batch.send()
+        if not batch.send():
+            return  # the worker fails; its transaction is aborted, not committed
         for entry in entries:
             entry.tracker.done(entry.offset)
 

@@ -26,6 +26,7 @@ class TxnProducer:
         self.commit_gate.set()
         self.fail_commit: KafkaException | None = None
         self.in_transaction = False
+        self.refuse_batch: int | None = None
 
     def begin_transaction(self) -> None:
         assert not self.in_transaction
@@ -38,6 +39,10 @@ class TxnProducer:
 
     def produce_batch(self, topic: str, messages: list[dict[str, Any]], **_: Any) -> int:
         assert self.in_transaction, "produced outside a transaction"
+        if self.refuse_batch is not None:
+            for m in messages:
+                m["_error"] = KafkaError(self.refuse_batch)
+            return 0
         self.calls.extend(("produce", topic, m["value"]) for m in messages)
         return len(messages)
 
@@ -189,6 +194,15 @@ async def test_a_fatal_commit_failure_fails_the_worker() -> None:
     assert len(h.fatal) == 1
     assert h.aborted == 0
     assert ("abort",) not in h.producer.calls
+
+
+async def test_a_batch_librdkafka_refused_fails_the_worker_and_releases_nothing() -> None:
+    h = Harness()
+    h.producer.refuse_batch = KafkaError.INVALID_MSG
+    h.add(0)
+    h.sink.flush()
+    assert len(h.fatal) == 1
+    assert h.tracker.position is None, "a refused result's offset must not be committed"
 
 
 async def test_entries_of_a_closed_partition_are_never_produced() -> None:
