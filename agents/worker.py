@@ -300,7 +300,8 @@ class InferenceWorker:
         interval = self.settings.transaction_interval_ms / 1000.0
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
-            await self._sink.commit()
+            if not self._stopping.is_set():  # a failing worker's transaction is aborted instead
+                await self._sink.commit()
 
     def _rewind(self) -> None:
         """The open transaction was aborted: every partition starts again from the position its

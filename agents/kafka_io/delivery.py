@@ -157,23 +157,35 @@ class ResultPublisher:
         routing key, whose partition the result must go to; else any does. `reply_ack`: the
         reply's acknowledgement, when it is told apart from the result's (else `ack`)."""
         reply_ack = reply_ack or ack
+        if batch is not None and batch.failed:
+            return 0  # nothing after a failed batch goes out: the worker fails and redoes it
         partition = None
         if not keyed and self._result_partitions:
             partition = self._sticky.pick(self.topics.results, self._result_partitions)
         if batch is not None and not headers and len(value) < _BATCH_MAX_BYTES:
             batch.add(value, key, partition)
         else:
-            if batch is not None:
-                batch.send()  # what was queued before this result goes out before it
+            # What was added before this result goes out before it.
+            if batch is not None and not batch.send():
+                return 0
             self.produce_one(self.topics.results, value, key, partition, ack, headers)
         if not reply_to:
             return 1
         nonce = reply_to.get("nonce")
         if nonce:
             headers = [*(headers or ()), (SUBMISSION_HEADER, str(nonce).encode())]
-        self.produce_one(
-            str(reply_to["topic"]), value, key, reply_to.get("partition"), reply_ack, headers
-        )
+        topic = str(reply_to["topic"])
+        try:
+            self.produce_one(topic, value, key, reply_to.get("partition"), reply_ack, headers)
+        except KafkaException as exc:
+            # Refused at once (too large with its headers, a partition librdkafka knows is not
+            # there): as a refusal on delivery, counted and logged. The result is already out,
+            # so answering the request again with an error would give it two results.
+            error = exc.args[0] if exc.args else None
+            reason = error.name() if isinstance(error, KafkaError) else "refused"
+            metrics.REPLIES_UNDELIVERED.labels(reason).inc()
+            log.warning("a reply to %s was refused: %s", topic, exc)
+            return 1
         return 2
 
     def dead_letter(
@@ -252,7 +264,7 @@ class ResultBatch:
     `fail` is told, since a later message of its partition would overtake it: the worker fails and
     its requests are redone from their committed offsets."""
 
-    __slots__ = ("_ack", "_fail", "_messages", "_publisher")
+    __slots__ = ("_ack", "_fail", "_messages", "_publisher", "failed")
 
     def __init__(
         self, publisher: ResultPublisher, ack: Ack | None, fail: Callable[[BaseException], None]
@@ -261,8 +273,12 @@ class ResultBatch:
         self._ack = ack
         self._fail = fail
         self._messages: list[dict[str, Any]] = []
+        self.failed = False
+        """Set for good once a message could not be queued in order; nothing more is queued."""
 
     def add(self, value: bytes, key: bytes | None, partition: int | None) -> None:
+        if self.failed:
+            return
         message: dict[str, Any] = {"key": key, "value": value}
         if partition is not None and partition >= 0:
             message["partition"] = partition
@@ -270,6 +286,8 @@ class ResultBatch:
 
     def send(self) -> bool:
         """Queue what was added since the last `send`; False when the batch failed."""
+        if self.failed:
+            return False
         messages, self._messages = self._messages, []
         # confluent-kafka's produce_batch ignores a message's own `partition` (librdkafka takes
         # it only with a flag the binding does not pass): a run of messages for one named
@@ -279,13 +297,18 @@ class ResultBatch:
             if end == len(messages) or messages[end].get("partition") != messages[start].get(
                 "partition"
             ):
-                if not self._queue(messages[start:end]):
+                try:
+                    self._queue(messages[start:end])
+                except KafkaException as exc:
+                    self.failed = True
+                    self._fail(exc)
                     return False
                 start = end
         return True
 
-    def _queue(self, run: list[dict[str, Any]]) -> bool:
-        """One run of messages of one partition (or none named); False when the batch failed."""
+    def _queue(self, run: list[dict[str, Any]]) -> None:
+        """One run of messages of one partition (or none named); raises `KafkaException` when
+        one could not be queued in order."""
         publisher = self._publisher
         topic = publisher.topics.results
         kwargs: dict[str, Any] = {}
@@ -297,17 +320,15 @@ class ResultBatch:
         publisher.producer.produce_batch(topic, run, **kwargs)
         refused = [k for k, m in enumerate(run) if "_error" in m]
         if not refused:
-            return True
+            return
         first = refused[0]
         errors: list[KafkaError] = [m["_error"] for m in run[first:] if "_error" in m]
         if len(errors) != len(run) - first or any(
             e.code() != KafkaError._QUEUE_FULL for e in errors
         ):
-            self._fail(KafkaException(errors[0]))
-            return False
+            raise KafkaException(errors[0])
         for m in run[first:]:
             publisher.produce_one(topic, m["value"], m["key"], m.get("partition"), self._ack)
-        return True
 
 
 def _log_failure(err: KafkaError | None, msg: Message) -> None:

@@ -183,8 +183,9 @@ class AckedSink:
             _produce(publisher, e, worker_id, produced.ack, traced, produced.reply_ack, batch)
             for e in entries
         )
-        batch.send()
-        produced.arm(count)
+        if batch.send():
+            produced.arm(count)
+        # else the worker fails: nothing of this flush is released, so none of it is committed
 
 
 class TransactionalSink:
@@ -223,6 +224,7 @@ class TransactionalSink:
         self._entries: list[SinkEntry] = []
         self._open = False
         self._committing = False
+        self._failed = False
         self._lock = asyncio.Lock()
 
     def add(self, entry: SinkEntry) -> None:
@@ -230,7 +232,7 @@ class TransactionalSink:
         self._entries.append(entry)
 
     def flush(self) -> None:
-        if self._committing or not self._entries:
+        if self._committing or self._failed or not self._entries:
             return
         entries = [e for e in self._entries if not e.tracker.closed]
         self._entries = []
@@ -243,7 +245,8 @@ class TransactionalSink:
         for entry in entries:
             _produce(self._publisher, entry, self._worker_id, None, self._traced, batch=batch)
         if not batch.send():
-            return  # the worker fails; its transaction is aborted, not committed
+            self._failed = True  # the worker fails: this transaction is aborted, never committed
+            return
         for entry in entries:
             entry.tracker.done(entry.offset)
 
@@ -251,7 +254,7 @@ class TransactionalSink:
         """Commit the open transaction with the positions of everything produced in it; False
         when it had to be aborted instead (or nothing was open)."""
         async with self._lock:
-            if not self._open:
+            if not self._open or self._failed:
                 return False
             self._committing = True
             try:

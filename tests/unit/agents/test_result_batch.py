@@ -28,13 +28,18 @@ class BatchProducer:
         self.refuse: dict[int, int] = {}
         # (the call's partition, the partitions its messages asked for), per call
         self.calls: list[tuple[int | None, list[int | None]]] = []
+        self.headers: list[Any] = []
+        self.refuse_topics: dict[str, int] = {}
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(8)))
         return SimpleNamespace(topics={topic: meta})
 
     def produce(self, topic: str, **kwargs: Any) -> None:
+        if topic in self.refuse_topics:
+            raise KafkaException(KafkaError(self.refuse_topics[topic]))
         self.queued.append((topic, kwargs["value"], "alone"))
+        self.headers.append(kwargs.get("headers"))
 
     def produce_batch(
         self, topic: str, messages: list[dict[str, Any]], partition: int | None = None, **_: Any
@@ -103,7 +108,7 @@ def test_a_traced_result_goes_alone_after_what_was_added_before_it() -> None:
     ]
 
 
-def test_a_large_result_goes_alone_where_a_too_large_one_is_told_at_once() -> None:
+def test_a_large_result_goes_alone_after_what_was_added_before_it() -> None:
     producer = BatchProducer()
     pub = publisher(producer)
     batch = ResultBatch(pub, None, lambda exc: None)
@@ -121,6 +126,7 @@ def test_replies_go_out_at_once_with_their_nonce() -> None:
     reply = {"topic": TOPICS.replies, "partition": 1, "nonce": "n-1"}
     assert pub.result(b"r0", b"k", reply, None, batch=batch) == 2  # type: ignore[arg-type]
     assert producer.queued == [(TOPICS.replies, b"r0", "alone")]
+    assert producer.headers == [[("tidegate-submission", b"n-1")]]
     batch.send()
     assert producer.queued[-1] == (TOPICS.results, b"r0", "batch")
 
@@ -145,8 +151,10 @@ def test_a_full_queue_refusing_the_tail_produces_the_tail_again_in_order() -> No
 
 
 def test_a_refusal_that_a_later_message_overtook_fails_the_batch() -> None:
+    """librdkafka refuses every message after the first one a full queue refused, but refuses
+    a message on its own for other reasons (its size): a later one is then already queued."""
     producer = BatchProducer()
-    producer.refuse = {1: KafkaError._QUEUE_FULL}
+    producer.refuse = {1: KafkaError.MSG_SIZE_TOO_LARGE}
     pub = publisher(producer)
     fails: list[BaseException] = []
     batch = ResultBatch(pub, None, fails.append)
@@ -214,3 +222,35 @@ async def test_the_at_least_once_sink_releases_a_flush_once_every_batched_ack_is
         await asyncio.sleep(0)
     assert tracker.position == 3
     assert not fatal
+
+
+def test_a_batch_that_failed_inside_a_result_lets_nothing_after_it_out() -> None:
+    """A traced result sends the batch before it; when that send fails, neither the traced
+    result nor any later one goes out, and the batch stays failed."""
+    producer = BatchProducer()
+    producer.refuse = {0: KafkaError.MSG_SIZE_TOO_LARGE}
+    pub = publisher(producer)
+    fails: list[BaseException] = []
+    batch = ResultBatch(pub, None, fails.append)
+    assert pub.result(b"r0", b"k", None, None, batch=batch) == 1
+    assert pub.result(b"r1", b"k", None, None, TRACE, batch=batch) == 0
+    assert pub.result(b"r2", b"k", None, None, batch=batch) == 0
+    assert batch.send() is False
+    assert producer.queued == []
+    assert len(fails) == 1
+
+
+def test_a_reply_refused_at_once_is_counted_and_the_result_stands() -> None:
+    from tidegate.agents import worker_metrics as metrics
+
+    producer = BatchProducer()
+    producer.refuse_topics = {TOPICS.replies: KafkaError.MSG_SIZE_TOO_LARGE}
+    pub = publisher(producer)
+    counted = metrics.REPLIES_UNDELIVERED.labels("MSG_SIZE_TOO_LARGE")
+    before = counted._value.get()
+    reply = {"topic": TOPICS.replies, "partition": 1, "nonce": "n-1"}
+    batch = ResultBatch(pub, None, lambda exc: None)
+    assert pub.result(b"r0", b"k", reply, None, batch=batch) == 1  # type: ignore[arg-type]
+    assert batch.send() is True
+    assert producer.queued == [(TOPICS.results, b"r0", "batch")]
+    assert counted._value.get() == before + 1

@@ -203,6 +203,12 @@ async def test_a_batch_librdkafka_refused_fails_the_worker_and_releases_nothing(
     h.sink.flush()
     assert len(h.fatal) == 1
     assert h.tracker.position is None, "a refused result's offset must not be committed"
+    assert await h.sink.commit() is False
+    assert ("commit",) not in h.producer.calls
+    h.producer.refuse_batch = None
+    h.add(1)
+    h.sink.flush()
+    assert h.produced() == [], "nothing is produced after a refused batch"
 
 
 async def test_entries_of_a_closed_partition_are_never_produced() -> None:
