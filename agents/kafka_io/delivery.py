@@ -11,6 +11,7 @@ land in produce order. Side records (shadow comparisons) share the producer, or 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -277,8 +278,6 @@ class ResultBatch:
         """Set for good once a message could not be queued in order; nothing more is queued."""
 
     def add(self, value: bytes, key: bytes | None, partition: int | None) -> None:
-        if self.failed:
-            return
         message: dict[str, Any] = {"key": key, "value": value}
         if partition is not None and partition >= 0:
             message["partition"] = partition
@@ -292,21 +291,16 @@ class ResultBatch:
         # confluent-kafka's produce_batch ignores a message's own `partition` (librdkafka takes
         # it only with a flag the binding does not pass): a run of messages for one named
         # partition goes in one call naming it, the rest to the partitioner by key.
-        start = 0
-        for end in range(1, len(messages) + 1):
-            if end == len(messages) or messages[end].get("partition") != messages[start].get(
-                "partition"
-            ):
-                try:
-                    self._queue(messages[start:end])
-                except KafkaException as exc:
-                    self.failed = True
-                    self._fail(exc)
-                    return False
-                start = end
+        for partition, run in itertools.groupby(messages, key=lambda m: m.get("partition")):
+            try:
+                self._queue(list(run), partition)
+            except KafkaException as exc:
+                self.failed = True
+                self._fail(exc)
+                return False
         return True
 
-    def _queue(self, run: list[dict[str, Any]]) -> None:
+    def _queue(self, run: list[dict[str, Any]], partition: int | None) -> None:
         """One run of messages of one partition (or none named); raises `KafkaException` when
         one could not be queued in order."""
         publisher = self._publisher
@@ -314,7 +308,6 @@ class ResultBatch:
         kwargs: dict[str, Any] = {}
         if self._ack is not None:
             kwargs["on_delivery"] = self._ack
-        partition = run[0].get("partition")
         if partition is not None:
             kwargs["partition"] = partition
         publisher.producer.produce_batch(topic, run, **kwargs)
@@ -328,7 +321,7 @@ class ResultBatch:
         ):
             raise KafkaException(errors[0])
         for m in run[first:]:
-            publisher.produce_one(topic, m["value"], m["key"], m.get("partition"), self._ack)
+            publisher.produce_one(topic, m["value"], m["key"], partition, self._ack)
 
 
 def _log_failure(err: KafkaError | None, msg: Message) -> None:
