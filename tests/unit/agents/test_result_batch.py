@@ -64,11 +64,20 @@ def publisher(producer: BatchProducer) -> ResultPublisher:
     return made
 
 
-def test_a_flush_is_one_batch_call_in_the_order_added() -> None:
+def rig(
+    refuse: dict[int, int] | None = None,
+) -> tuple[BatchProducer, ResultPublisher, ResultBatch, list[BaseException]]:
+    """A started publisher over a `BatchProducer` refusing `refuse`, and a batch of it whose
+    failures are collected."""
     producer = BatchProducer()
-    pub = publisher(producer)
+    producer.refuse = refuse or {}
     fails: list[BaseException] = []
-    batch = ResultBatch(pub, None, fails.append)
+    pub = publisher(producer)
+    return producer, pub, ResultBatch(pub, None, fails.append), fails
+
+
+def test_a_flush_is_one_batch_call_in_the_order_added() -> None:
+    producer, pub, batch, fails = rig()
     for i in range(5):
         assert pub.result(f"r{i}".encode(), b"k", None, None, batch=batch) == 1
     assert producer.queued == [], "nothing is queued before the batch is sent"
@@ -81,9 +90,7 @@ def test_a_flush_is_one_batch_call_in_the_order_added() -> None:
 def test_a_run_for_one_named_partition_is_one_call_naming_it() -> None:
     """The binding ignores a message's own partition: keyless results (a sticky partition) go in
     a call that names it, keyed ones in a call left to the partitioner, in the order added."""
-    producer = BatchProducer()
-    pub = publisher(producer)
-    batch = ResultBatch(pub, None, lambda exc: None)
+    producer, _pub, batch, _ = rig()
     batch.add(b"a", b"r-1", 3)
     batch.add(b"b", b"r-2", 3)
     batch.add(b"c", b"card-1", None)
@@ -94,9 +101,7 @@ def test_a_run_for_one_named_partition_is_one_call_naming_it() -> None:
 
 
 def test_a_traced_result_goes_alone_after_what_was_added_before_it() -> None:
-    producer = BatchProducer()
-    pub = publisher(producer)
-    batch = ResultBatch(pub, None, lambda exc: None)
+    producer, pub, batch, _ = rig()
     pub.result(b"r0", b"k", None, None, batch=batch)
     pub.result(b"r1", b"k", None, None, TRACE, batch=batch)
     pub.result(b"r2", b"k", None, None, batch=batch)
@@ -109,9 +114,7 @@ def test_a_traced_result_goes_alone_after_what_was_added_before_it() -> None:
 
 
 def test_a_large_result_goes_alone_after_what_was_added_before_it() -> None:
-    producer = BatchProducer()
-    pub = publisher(producer)
-    batch = ResultBatch(pub, None, lambda exc: None)
+    producer, pub, batch, _ = rig()
     big = b"x" * (512 * 1024)
     pub.result(b"r0", b"k", None, None, batch=batch)
     pub.result(big, b"k", None, None, batch=batch)
@@ -120,9 +123,7 @@ def test_a_large_result_goes_alone_after_what_was_added_before_it() -> None:
 
 
 def test_replies_go_out_at_once_with_their_nonce() -> None:
-    producer = BatchProducer()
-    pub = publisher(producer)
-    batch = ResultBatch(pub, None, lambda exc: None)
+    producer, pub, batch, _ = rig()
     reply = {"topic": TOPICS.replies, "partition": 1, "nonce": "n-1"}
     assert pub.result(b"r0", b"k", reply, None, batch=batch) == 2  # type: ignore[arg-type]
     assert producer.queued == [(TOPICS.replies, b"r0", "alone")]
@@ -132,11 +133,7 @@ def test_replies_go_out_at_once_with_their_nonce() -> None:
 
 
 def test_a_full_queue_refusing_the_tail_produces_the_tail_again_in_order() -> None:
-    producer = BatchProducer()
-    producer.refuse = {3: KafkaError._QUEUE_FULL, 4: KafkaError._QUEUE_FULL}
-    pub = publisher(producer)
-    fails: list[BaseException] = []
-    batch = ResultBatch(pub, None, fails.append)
+    producer, pub, batch, fails = rig(refuse={3: KafkaError._QUEUE_FULL, 4: KafkaError._QUEUE_FULL})
     for i in range(5):
         pub.result(f"r{i}".encode(), b"k", None, None, batch=batch)
     batch.send()
@@ -153,11 +150,7 @@ def test_a_full_queue_refusing_the_tail_produces_the_tail_again_in_order() -> No
 def test_a_refusal_that_a_later_message_overtook_fails_the_batch() -> None:
     """librdkafka refuses every message after the first one a full queue refused, but refuses
     a message on its own for other reasons (its size): a later one is then already queued."""
-    producer = BatchProducer()
-    producer.refuse = {1: KafkaError.MSG_SIZE_TOO_LARGE}
-    pub = publisher(producer)
-    fails: list[BaseException] = []
-    batch = ResultBatch(pub, None, fails.append)
+    producer, pub, batch, fails = rig(refuse={1: KafkaError.MSG_SIZE_TOO_LARGE})
     for i in range(3):
         pub.result(f"r{i}".encode(), b"k", None, None, batch=batch)
     batch.send()
@@ -167,11 +160,7 @@ def test_a_refusal_that_a_later_message_overtook_fails_the_batch() -> None:
 
 
 def test_any_other_refusal_fails_the_batch() -> None:
-    producer = BatchProducer()
-    producer.refuse = {0: KafkaError.MSG_SIZE_TOO_LARGE}
-    pub = publisher(producer)
-    fails: list[BaseException] = []
-    batch = ResultBatch(pub, None, fails.append)
+    producer, pub, batch, fails = rig(refuse={0: KafkaError.MSG_SIZE_TOO_LARGE})
     pub.result(b"r0", b"k", None, None, batch=batch)
     batch.send()
     assert len(fails) == 1
@@ -227,11 +216,7 @@ async def test_the_at_least_once_sink_releases_a_flush_once_every_batched_ack_is
 def test_a_batch_that_failed_inside_a_result_lets_nothing_after_it_out() -> None:
     """A traced result sends the batch before it; when that send fails, neither the traced
     result nor any later one goes out, and the batch stays failed."""
-    producer = BatchProducer()
-    producer.refuse = {0: KafkaError.MSG_SIZE_TOO_LARGE}
-    pub = publisher(producer)
-    fails: list[BaseException] = []
-    batch = ResultBatch(pub, None, fails.append)
+    producer, pub, batch, fails = rig(refuse={0: KafkaError.MSG_SIZE_TOO_LARGE})
     assert pub.result(b"r0", b"k", None, None, batch=batch) == 1
     assert pub.result(b"r1", b"k", None, None, TRACE, batch=batch) == 0
     assert pub.result(b"r2", b"k", None, None, batch=batch) == 0
@@ -243,13 +228,11 @@ def test_a_batch_that_failed_inside_a_result_lets_nothing_after_it_out() -> None
 def test_a_reply_refused_at_once_is_counted_and_the_result_stands() -> None:
     from tidegate.agents import worker_metrics as metrics
 
-    producer = BatchProducer()
+    producer, pub, batch, _ = rig()
     producer.refuse_topics = {TOPICS.replies: KafkaError.MSG_SIZE_TOO_LARGE}
-    pub = publisher(producer)
     counted = metrics.REPLIES_UNDELIVERED.labels("MSG_SIZE_TOO_LARGE")
     before = counted._value.get()
     reply = {"topic": TOPICS.replies, "partition": 1, "nonce": "n-1"}
-    batch = ResultBatch(pub, None, lambda exc: None)
     assert pub.result(b"r0", b"k", reply, None, batch=batch) == 1  # type: ignore[arg-type]
     assert batch.send() is True
     assert producer.queued == [(TOPICS.results, b"r0", "batch")]
