@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -69,15 +70,31 @@ _COLUMNS = (
     ("origin_topic", "text"),
     ("origin_partition", "int"),
     ("origin_offset", "bigint"),
-    ("history", "text"),  # JSON text, cast to jsonb in the SELECT
+    ("history", "jsonb"),  # last: `_plain` takes the others
 )
 _NAMES = [name for name, _ in _COLUMNS]
 _KEPT = {"request_id", "request_digest"}
+# Every column but `history` (JSON text in the COPY), as they are: one C call per row.
+_plain = operator.itemgetter(*_NAMES[:-1])
+
+# Each batch's rows reach PostgreSQL through COPY into a temporary table, then one upsert per
+# round: COPY formats rows in psycopg's C code, where binding one array per column ran every
+# value through psycopg's Python array dumper (docs/benchmarks.md, "The lineage indexer's
+# COPY"). The table lives as long as the connection and is emptied at each commit.
+_STAGE = f"""
+CREATE TEMP TABLE IF NOT EXISTS served_stage (
+    batch_round int,
+    {", ".join(f"{n} {kind}" for n, kind in _COLUMNS)}
+) ON COMMIT DELETE ROWS
+"""
+
+_COPY = f"COPY served_stage (batch_round, {', '.join(_NAMES)}) FROM STDIN"
 
 _UPSERT = f"""
 INSERT INTO served_requests AS s ({", ".join(_NAMES)})
-SELECT {", ".join("u.history::jsonb" if n == "history" else f"u.{n}" for n in _NAMES)}
-FROM unnest({", ".join(f"%s::{kind}[]" for _, kind in _COLUMNS)}) AS u({", ".join(_NAMES)})
+SELECT {", ".join(f"u.{n}" for n in _NAMES)}
+FROM served_stage AS u
+WHERE u.batch_round = %s
 ON CONFLICT (request_id) DO UPDATE SET
     {", ".join(f"{n} = EXCLUDED.{n}" for n in _NAMES if n not in _KEPT)},
     request_digest = coalesce(EXCLUDED.request_digest, s.request_digest)
@@ -210,13 +227,23 @@ class StoredServed:
 
 async def store_served(conn: psycopg.AsyncConnection[Any], batch: ServedBatch) -> StoredServed:
     """Upsert the batch's rows and record new conflicts, inside the caller's transaction."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        # The staged rows are emptied at each commit: outside a transaction, every statement
+        # would commit alone, and the upsert would find nothing staged.
+        raise RuntimeError("store_served needs an open transaction")
     stored = StoredServed()
     # Only a result that neither created nor replaced its row can conflict with it: in a batch
     # of new requests (the usual one) there is nothing to check.
     candidates: list[Row] = []
-    for rows in batch.rounds():
+    rounds = batch.rounds()
+    await conn.execute(_STAGE)
+    async with conn.cursor().copy(_COPY) as copy:
+        for k, rows in enumerate(rounds):
+            for row in rows:
+                await copy.write_row((k, *_plain(row), json.dumps(row["history"])))
+    for k, rows in enumerate(rounds):
         by_id = {row["request_id"]: row for row in rows}
-        cur = await conn.execute(_UPSERT, _arrays(rows, _NAMES))
+        cur = await conn.execute(_UPSERT, (k,))
         for request_id, inserted in await cur.fetchall():
             row = by_id.pop(request_id)
             if inserted:
@@ -245,4 +272,4 @@ def warn_conflicts(conflicts: Iterable[Mapping[str, Any]]) -> None:
 
 def _arrays(rows: Iterable[Row], names: Iterable[str]) -> list[list[Any]]:
     rows = list(rows)
-    return [[json.dumps(r[n]) if n == "history" else r[n] for r in rows] for n in names]
+    return [[r[n] for r in rows] for n in names]

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 __all__ = [
     "CALLER_FAULT",
@@ -45,9 +46,9 @@ def is_error(status: str) -> bool:
     return status not in NOT_ERRORS
 
 
-@dataclass(frozen=True, slots=True)
-class ResultSample:
-    """The part of an InferenceResult the windows keep."""
+class ResultSample(NamedTuple):
+    """The part of an InferenceResult the windows keep (a tuple: the indexer makes one per
+    result, and a frozen dataclass took several times as long to build)."""
 
     model: str
     version: str

@@ -36,6 +36,7 @@ from tidegate.core.settings import (
     TopicSettings,
 )
 from tidegate.lifecycle.control.indexer import Indexer
+from tidegate.lifecycle.control.served_rows import ServedBatch, served_row, store_served
 from tidegate.lifecycle.domain.windows import LiveWindows
 from tidegate.lifecycle.readmodels.lineage import Position, served
 
@@ -123,6 +124,16 @@ async def consumed(idx: Indexer, n: int, what: str) -> None:
     await eventually(probe, timeout=60, what=what)
 
 
+async def index_one(start_indexer: Callable[[LiveWindows], Indexer]) -> None:
+    """Run an indexer until it has stored the one result published."""
+    idx = start_indexer(LiveWindows())
+    await idx.start()
+    try:
+        await consumed(idx, 1, "the result")
+    finally:
+        await idx.stop()
+
+
 def records(outcome: str) -> float:
     labels = {"kind": "result", "outcome": outcome}
     return REGISTRY.get_sample_value("tidegate_indexer_records_total", labels) or 0.0
@@ -156,12 +167,7 @@ async def test_served_shows_the_source_schema_id_attempt_origin_and_history(
             ),
         ]
     )  # fmt: skip
-    idx = start_indexer(LiveWindows())
-    await idx.start()
-    try:
-        await consumed(idx, 1, "the result")
-    finally:
-        await idx.stop()
+    await index_one(start_indexer)
 
     record = await served(pg_pool, "req-1")
     assert record is not None
@@ -200,6 +206,41 @@ async def test_served_shows_the_source_schema_id_attempt_origin_and_history(
     ):  # fmt: skip
         assert expected in table.stdout, expected
     assert "CONFLICT" not in table.stdout
+
+
+async def test_text_that_copy_escapes_is_stored_as_it_was_sent(
+    pg_pool: Pool,
+    topics: TopicSettings,
+    publisher: ResultPublisher,
+    start_indexer: Callable[[LiveWindows], Indexer],
+) -> None:
+    """Rows reach PostgreSQL through COPY's text format, where a tab, a newline, a backslash or
+    a literal \\N would split or nullify a field if psycopg did not escape it."""
+    key = 'tab\there\nnewline \\N backslash "quoted" \u00e9'
+    reason = "line one\n\tline two \\ end"
+    result = lineage_result(
+        "req-escapes\t1", worker_id="worker\\b", rule=None,
+        history=[step("redrive", 0, FAILED, "run\t\\N", reason)],
+    )  # fmt: skip
+    result["routing_key"] = key
+    publisher.results([result])
+    await index_one(start_indexer)
+
+    record = await served(pg_pool, "req-escapes\t1")
+    assert record is not None
+    assert (record.routing_key, record.worker_id, record.routing_rule) == (key, "worker\\b", None)
+    assert [(s["id"], s["reason"]) for s in record.history] == [("run\t\\N", reason)]
+
+
+async def test_storing_outside_a_transaction_is_refused(pg_pool: Pool) -> None:
+    """Staged rows are emptied at each commit, so an autocommit statement would stage rows the
+    upsert never sees: the store refuses rather than drop the batch."""
+    batch = ServedBatch()
+    batch.add(served_row(lineage_result("req-no-transaction")))
+    async with pg_pool.connection() as conn:
+        with pytest.raises(RuntimeError, match="open transaction"):
+            await store_served(conn, batch)
+    assert await served(pg_pool, "req-no-transaction") is None
 
 
 async def test_a_reused_request_id_is_a_conflict_recorded_once(
