@@ -11,6 +11,7 @@ agent starts, and in which order, is `tidegate.agents.assembly.running_worker`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ from prometheus_client import REGISTRY
 from tidegate.agents.assembly import RunningWorker, WorkerConfig, running_worker
 from tidegate.agents.gpu_metrics import nvml_collector
 from tidegate.core.aio import LoopWatchdog
+from tidegate.core.event_loops import new_event_loop
 from tidegate.core.telemetry import get_logger
 
 __all__ = ["STALL_EXIT", "InferenceAgent", "WorkerConfig", "create_app", "run_worker"]
@@ -124,5 +126,7 @@ def run_worker(config: WorkerConfig) -> None:
     from faust.worker import Worker
 
     app = create_app(config)
-    worker = Worker(app, quiet=True, override_logging=False, redirect_stdouts=False)
+    loop = new_event_loop(config.worker.event_loop)
+    asyncio.set_event_loop(loop)  # faust's services look the loop up, as well as take it
+    worker = Worker(app, quiet=True, override_logging=False, redirect_stdouts=False, loop=loop)
     worker.execute_from_commandline()

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
+from tidegate.core.event_loops import EventLoopKind
 from tidegate.core.kafka import GroupProtocol
 from tidegate.core.pool_names import POOL_PATTERN
 from tidegate.core.settings import instance_id, settings_config
@@ -28,6 +29,12 @@ class WorkerSettings(BaseSettings):
         "placed in the pool loaded. None: the default pool.",
     )
     worker_id: str = Field(default_factory=instance_id, description="This worker's name.")
+    event_loop: EventLoopKind = Field(
+        "auto",
+        description="The asyncio event loop `tidegate worker` runs on: `uvloop` (its loop in C, "
+        "about 4-9% less worker CPU per request, decision 028), `asyncio` (the standard "
+        "library's), or `auto`, uvloop where it is installed.",
+    )
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most requests in one batch.")
     max_batch_delay_ms: float = Field(
         0.0,

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from tidegate.core.db import migrate as apply_migrations
+from tidegate.core.event_loops import new_event_loop
 from tidegate.core.telemetry import configure_logging
 
 __all__ = ["controller"]
@@ -55,7 +56,9 @@ def controller(
         await ControllerService(config).run(stop)
 
     try:
-        asyncio.run(main())
+        kind = config.lifecycle.controller_event_loop
+        with asyncio.Runner(loop_factory=lambda: new_event_loop(kind)) as runner:
+            runner.run(main())
     finally:
         if server is not None:
             server.shutdown()

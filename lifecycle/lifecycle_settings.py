@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
+from tidegate.core.event_loops import EventLoopKind
 from tidegate.core.settings import settings_config
 
 __all__ = ["LifecycleSettings"]
@@ -105,6 +106,11 @@ class LifecycleSettings(BaseSettings):
         "one transaction, one commit) after the first arrives: `tidegate served` and the canary "
         "windows see a result up to this much later, and the controller's cost follows batches, "
         "not results.",
+    )
+    controller_event_loop: EventLoopKind = Field(
+        "auto",
+        description="The asyncio event loop `tidegate controller` runs on: `uvloop`, `asyncio` "
+        "(the standard library's), or `auto`, uvloop where it is installed (decision 028).",
     )
     controller_tick_s: float = Field(
         0.5, gt=0, le=60, description="How often the canary controller evaluates."
