@@ -9,7 +9,6 @@ gateway (`loop="auto"`).
 from __future__ import annotations
 
 import asyncio
-import importlib
 from typing import Literal
 
 from tidegate.core.errors import ConfigurationError
@@ -25,12 +24,11 @@ def new_event_loop(kind: EventLoopKind = "auto") -> asyncio.AbstractEventLoop:
     if kind == "asyncio":
         return asyncio.new_event_loop()
     try:
-        uvloop = importlib.import_module("uvloop")
+        import uvloop  # optional: not installed on Windows
     except ImportError as exc:
         if kind == "uvloop":
             raise ConfigurationError(
                 "the event loop is set to uvloop, which is not installed (pip install uvloop)"
             ) from exc
         return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+    return uvloop.new_event_loop()

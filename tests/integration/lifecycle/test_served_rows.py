@@ -124,12 +124,14 @@ async def consumed(idx: Indexer, n: int, what: str) -> None:
     await eventually(probe, timeout=60, what=what)
 
 
-async def index_one(start_indexer: Callable[[LiveWindows], Indexer]) -> None:
-    """Run an indexer until it has stored the one result published."""
+async def index(
+    start_indexer: Callable[[LiveWindows], Indexer], n: int = 1, what: str = "the result"
+) -> None:
+    """Run a new indexer until it has stored `n` results."""
     idx = start_indexer(LiveWindows())
     await idx.start()
     try:
-        await consumed(idx, 1, "the result")
+        await consumed(idx, n, what)
     finally:
         await idx.stop()
 
@@ -167,7 +169,7 @@ async def test_served_shows_the_source_schema_id_attempt_origin_and_history(
             ),
         ]
     )  # fmt: skip
-    await index_one(start_indexer)
+    await index(start_indexer)
 
     record = await served(pg_pool, "req-1")
     assert record is not None
@@ -224,7 +226,7 @@ async def test_text_that_copy_escapes_is_stored_as_it_was_sent(
     )  # fmt: skip
     result["routing_key"] = key
     publisher.results([result])
-    await index_one(start_indexer)
+    await index(start_indexer)
 
     record = await served(pg_pool, "req-escapes\t1")
     assert record is not None
@@ -292,12 +294,7 @@ async def test_a_reused_request_id_is_a_conflict_recorded_once(
 
     # A new group reads everything again: nothing new is recorded, nothing warned.
     caplog.clear()
-    again = start_indexer(LiveWindows())
-    await again.start()
-    try:
-        await consumed(again, 6, "the redelivery")
-    finally:
-        await again.stop()
+    await index(start_indexer, 6, "the redelivery")
     assert len(await conflict_rows(pg_pool)) == 2
     assert records("conflict") - conflicts_before == 2
     assert not [r for r in caplog.records if "reused with other content" in r.getMessage()]
