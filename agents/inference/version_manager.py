@@ -31,6 +31,7 @@ Report = Callable[[str, Sequence[NewEvent]], Awaitable[object]]
 _STOP_REPORT_S = 5.0
 _HEADROOM = 0.05
 """The share of the memory budget kept free: a load's real size may exceed its prediction."""
+_REFIT_MIN_S = 0.05
 
 
 class TableSource(Protocol):
@@ -88,6 +89,7 @@ class VersionManager:
         self._stopped = False
         self._models: set[str] = set()
         self._retry_loads = retry_loads_s
+        self._refit: asyncio.TimerHandle | None = None
 
     # -- the router's side ------------------------------------------------------------------
 
@@ -138,6 +140,9 @@ class VersionManager:
         """Unload everything, reporting `VersionUnloaded` for each version (bounded wait)."""
         self._stopped = True
         self._pending.clear()
+        if self._refit is not None:
+            self._refit.cancel()
+            self._refit = None
         if self._task is not None:
             await cancel_and_wait([self._task])
             self._task = None
@@ -232,7 +237,8 @@ class VersionManager:
         if model.rss_bytes is not None:
             self._sizes[key] = model.rss_bytes
         # Measured, the load may be larger than predicted: the budget holds as measured.
-        self._fit(0, keep=key, wanted_too=True)
+        if not self._fit(0, keep=key, wanted_too=True):
+            self._refit_later()
         metrics.LOADED_BYTES.set(self.loaded_bytes())
         if key not in self._announced:
             self._announced.add(key)
@@ -278,7 +284,22 @@ class VersionManager:
         (a request waits on this load; they load again on their next request)."""
         return self._fit(self._size(key), keep=key, wanted_too=wanted_too)
 
-    def _fit(self, need: int, *, keep: VersionKey, wanted_too: bool) -> bool:
+    def _refit_later(self) -> None:
+        """Versions in use kept the loaded ones over the budget: evict again once they may have
+        gone idle, rather than stay over it until the next load."""
+        if self._refit is None and not self._stopped:
+            delay = max(self._busy_s, _REFIT_MIN_S)
+            self._refit = asyncio.get_running_loop().call_later(delay, self._fit_again)
+
+    def _fit_again(self) -> None:
+        self._refit = None
+        if self._stopped:
+            return
+        if not self._fit(0, keep=None, wanted_too=True):
+            self._refit_later()
+        metrics.LOADED_BYTES.set(self.loaded_bytes())
+
+    def _fit(self, need: int, *, keep: VersionKey | None, wanted_too: bool) -> bool:
         """Evict idle versions other than `keep` until the loaded ones and `need` more bytes fit
         the budget; whether they do."""
         if self._budget is None:
