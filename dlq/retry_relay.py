@@ -204,7 +204,14 @@ class RetryRelay:
         if self._txn_id:
             producer.begin_transaction()
         for record, msg in records:
-            self._produce(record, _collect(failed, msg))
+            try:
+                self._produce(record, _collect(failed, msg))
+            except KafkaException as exc:
+                if self._txn_id:
+                    raise  # the transaction is aborted and the relay fails, as below
+                # Refused at once (a partition librdkafka already knows is not there, a record
+                # too large): as a refusal on delivery, whichever librdkafka finds first.
+                failed.append((msg, exc.args[0]))
         if self._txn_id:
             # A record Kafka refused fails the commit: the transaction is aborted and the relay
             # fails, and the worker's restart reads the retry records again.

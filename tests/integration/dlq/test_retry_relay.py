@@ -126,3 +126,30 @@ def test_a_request_kafka_refuses_back_is_dead_lettered(stack: Stack) -> None:
     assert [m.key() for m in requests.seen] == [b"fine"]
     assert relay.failed is None
     assert relay.relayed == 1
+
+
+def test_a_request_kafka_refuses_at_once_is_dead_lettered(stack: Stack) -> None:
+    """Once the relay's producer knows the requests topic (it relayed a request there), a
+    partition that is not there is refused by `produce` itself, not on delivery."""
+    now = int(time.time() * 1000)
+    failed = Reader(stack, stack.topics.failed)
+    requests = Requests(stack)
+    relay = RetryRelay(
+        stack.kafka,
+        stack.topics,
+        SchemaRegistryClient(stack.registry.client_config()),
+        group_id=unique("relay"),
+    )
+    relay.start()
+    try:
+        write(stack, [(0, waiting(stack, "first", 0, now))])
+        wait_for(lambda: len(requests.poll()) >= 1, timeout=30, what="the first request")
+        write(stack, [(0, waiting(stack, "nowhere", 99, now))])
+        (letter,) = failed.until(1, timeout=30)
+    finally:
+        relay.stop()
+        requests.consumer.close()
+        failed.close()
+    assert letter["request_id"] == "nowhere"
+    assert relay.failed is None
+    assert relay.relayed == 1
