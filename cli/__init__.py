@@ -1,68 +1,74 @@
-"""The `tidegate` command line. Each command group lives in its own module and imports its heavy
-dependencies only when it runs, so `tidegate --help` stays fast."""
+"""The `tidegate` command line. Each command or command group lives in its own module, which is
+imported only when that command runs (cli/lazy_group.py), so a worker's start and
+`tidegate --help` stay cheap."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import typer
 
-from tidegate.cli import audit_commands as audit
-from tidegate.cli import auth_commands as auth
-from tidegate.cli import backtest_commands, demo, produce, replay_commands, served
-from tidegate.cli import dlq_commands as dlq
-from tidegate.cli import features_commands as features
-from tidegate.cli import lifecycle_session as session
-from tidegate.cli import model_commands as models
-from tidegate.cli import pool_commands as pools
-from tidegate.cli import schema_commands as schemas
-from tidegate.cli import serve_controller as controller
-from tidegate.cli import serve_gateway as gateway
-from tidegate.cli import serve_registry as registry
-from tidegate.cli import serve_worker as worker
-from tidegate.cli import stack_commands as stack
+from tidegate.cli.actor import act_as
+from tidegate.cli.lazy_group import LazyCommand, LazyGroup, lazy_commands
 
 __all__ = ["app", "main"]
+
+# Each command: its name, then the module (under tidegate.cli) and attribute that hold it, then
+# its help on the next line; `tidegate --help` lists them in this order.
+_COMMANDS = """
+registry serve_registry:serve
+    Run the Confluent-compatible schema registry service.
+worker serve_worker:worker
+    Run a worker agent: consume, micro-batch, infer, publish.
+gateway serve_gateway:gateway
+    Serve the V2 HTTP facade and the /admin API.
+controller serve_controller:controller
+    Run the lifecycle controller: outbox relay, canary controller, indexer.
+served served:served
+    Which version served a request, where, when and why.
+produce produce:produce
+    Publish requests from a JSON Lines file.
+replay replay_commands:replay
+    Re-run recorded requests on a version into a results topic.
+backtest backtest_commands:backtest_command
+    Re-score a time range on a candidate version, next to what served.
+demo demo:demo
+    Run the pipeline end to end on the local stack.
+audit audit_commands:audit
+    Read the audit trail: who did what, when, from where.
+demo-stop demo:demo_stop
+    Stop what `tidegate demo --keep` left running.
+schemas schema_commands:app
+    Register and inspect the Avro schemas.
+stack stack_commands:app
+    Health checks and topics of the local stack.
+models model_commands:app
+    Register, roll out, roll back and inspect model versions.
+pools pool_commands:app
+    Declare model pools and place models in them (docs/pools.md).
+dlq dlq_commands:app
+    Inspect and redrive the dead-letter topics.
+auth auth_commands:app
+    Issue, list and revoke the gateway's API keys.
+features features_commands:app
+    Write and read online features (docs/features.md).
+"""
+
+
+class TidegateCommands(LazyGroup):
+    """The root's subcommands."""
+
+    LAZY: ClassVar[dict[str, LazyCommand]] = lazy_commands(_COMMANDS, "tidegate.cli")
+
 
 app = typer.Typer(
     name="tidegate",
     help="Streaming inference over Apache Kafka.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=TidegateCommands,
 )
-app.callback()(session.act_as)
-app.command("registry", help="Run the Confluent-compatible schema registry service.")(
-    registry.serve
-)
-app.command("worker", help="Run a worker agent: consume, micro-batch, infer, publish.")(
-    worker.worker
-)
-app.command("gateway", help="Serve the V2 HTTP facade and the /admin API.")(gateway.gateway)
-app.command(
-    "controller", help="Run the lifecycle controller: outbox relay, canary controller, indexer."
-)(controller.controller)
-app.command("served", help="Which version served a request, where, when and why.")(served.served)
-app.command("produce", help="Publish requests from a JSON Lines file.")(produce.produce)
-app.command("replay", help="Re-run recorded requests on a version into a results topic.")(
-    replay_commands.replay
-)
-app.command("backtest", help="Re-score a time range on a candidate version, next to what served.")(
-    backtest_commands.backtest_command
-)
-app.command("demo", help="Run the pipeline end to end on the local stack.")(demo.demo)
-app.command("audit", help="Read the audit trail: who did what, when, from where.")(audit.audit)
-app.command("demo-stop", help="Stop what `tidegate demo --keep` left running.")(demo.demo_stop)
-app.add_typer(schemas.app, name="schemas", help="Register and inspect the Avro schemas.")
-app.add_typer(stack.app, name="stack", help="Health checks and topics of the local stack.")
-app.add_typer(
-    models.app, name="models", help="Register, roll out, roll back and inspect model versions."
-)
-app.add_typer(
-    pools.app, name="pools", help="Declare model pools and place models in them (docs/pools.md)."
-)
-app.add_typer(dlq.app, name="dlq", help="Inspect and redrive the dead-letter topics.")
-app.add_typer(auth.app, name="auth", help="Issue, list and revoke the gateway's API keys.")
-app.add_typer(
-    features.app, name="features", help="Write and read online features (docs/features.md)."
-)
+app.callback()(act_as)
 
 
 def main() -> None:

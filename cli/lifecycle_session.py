@@ -9,15 +9,14 @@ was read, nothing was written, look again and decide again.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 
+from tidegate.cli.actor import ACTOR_ENV, act_as, actor
 from tidegate.core.errors import ConcurrencyConflictError, TidegateError
 from tidegate.lifecycle.operations.commands import LifecycleCommands
 from tidegate.lifecycle.operations.sessions import command_session
@@ -36,44 +35,6 @@ __all__ = [
 T = TypeVar("T")
 EXIT_REFUSED = 1
 EXIT_CONFLICT = 3
-
-
-ACTOR_ENV = "TIDEGATE_CLI_ACTOR"
-_LEGACY_ACTOR_ENV = "TIDEGATE_ACTOR"
-
-
-def actor() -> str:
-    """Who is acting: the CLI's named local identity, `local:<name>`, recorded on every event,
-    key change and audit entry. The name is `tidegate --as NAME`, else $TIDEGATE_CLI_ACTOR
-    (or the older $TIDEGATE_ACTOR), else the operator's login name.
-
-    Operator commands talk to PostgreSQL (and Kafka) directly with the credentials of the
-    machine they run on, so they need no API key: whoever holds those credentials can write the
-    event log anyway. The name says who acted, it does not prove it; the gateway's identities
-    (keys, tokens) do, and the gateway never takes an actor from its caller."""
-    for variable in (ACTOR_ENV, _LEGACY_ACTOR_ENV):
-        explicit = os.environ.get(variable, "").strip()
-        if explicit:
-            return explicit if explicit.startswith("local:") else f"local:{explicit}"
-    try:
-        return f"local:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "local:unknown"
-
-
-def act_as(
-    name: Annotated[
-        str | None,
-        typer.Option(
-            "--as",
-            help="Act as this named local identity, `local:NAME`, in the event log and the "
-            "audit trail (else $TIDEGATE_CLI_ACTOR, or your login name).",
-        ),
-    ] = None,
-) -> None:
-    """The `tidegate` command's own options (its callback): `--as NAME` before the command."""
-    if name is not None and name.strip():
-        os.environ[ACTOR_ENV] = name.strip()
 
 
 def run(action: Callable[[LifecycleCommands], Awaitable[T]], *, write: bool, as_json: bool) -> T:
