@@ -35,7 +35,8 @@ class LazyCommand:
     def load(self, name: str) -> Command:
         target = getattr(importlib.import_module(self.module), self.attribute)
         if isinstance(target, typer.Typer):
-            command = typer.main.get_command(target)
+            # A group even with one subcommand (get_command would return that command itself).
+            command: Command = typer.main.get_group(target)
             command.help = self.help
         else:
             single = typer.Typer()

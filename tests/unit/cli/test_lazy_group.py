@@ -75,6 +75,12 @@ def test_a_group_keeps_its_subcommands() -> None:
     assert "apply" in result.output
 
 
+def test_a_group_of_one_subcommand_stays_a_group() -> None:
+    result = CliRunner().invoke(app, ["schemas", "register", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage: tidegate schemas register" in result.output
+
+
 def test_an_unknown_command_is_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["no-such-command"])
     assert result.exit_code == 2
