@@ -39,7 +39,7 @@ class LazyCommand:
             command: Command = typer.main.get_group(target)
             command.help = self.help
         else:
-            single = typer.Typer()
+            single = typer.Typer(add_completion=False)
             single.command(name, help=self.help)(target)
             command = typer.main.get_command(single)
         command.name = name
