@@ -40,7 +40,8 @@ workers too) run in one CPU group limited to CORES by CFS bandwidth control, as 
 of a pool's pod would on Kubernetes with one pod per pool (deploy/k8s/worker); the noisy load,
 which stands for callers on other hosts, in a group of its own with the same limit. The broker,
 controller, PostgreSQL, Redis, registry and the steady load stay unlimited. Needs root and
-cgroup v1's `cpu` controller.
+cgroup v1's `cpu` controller. `TIDEGATE_BENCH_POOLS_QUOTA_PERIOD_MS` sets the limits' CFS period
+(100 ms, Kubernetes' default, unless set).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from typing import Any
 
 from tests.bench.broker_requests import broker_pid
 from tests.bench.pools_load import (
+    QUOTA_PERIOD_MS,
     CpuReaders,
     NoisyLoad,
     allowed_cpus,
@@ -286,6 +288,7 @@ def _ratio(a: float, b: float) -> float:
 def _pinning() -> str:
     limits = (
         f"; CPU limit {QUOTA:g} cores on each pool's processes and on the noisy load"
+        f" (CFS period {QUOTA_PERIOD_MS:g} ms)"
         if QUOTA > 0
         else ""
     )

@@ -86,15 +86,19 @@ def on_core(core: int | None) -> Iterator[None]:
 
 
 _CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
-_PERIOD_US = 100_000
+QUOTA_PERIOD_MS = float(os.environ.get("TIDEGATE_BENCH_POOLS_QUOTA_PERIOD_MS", "100") or 100)
+"""The CFS period of `TIDEGATE_BENCH_POOLS_QUOTA`'s limits, in milliseconds (Kubernetes' default
+is 100 ms; a shorter one cuts a limited pool's bursts into shorter slices)."""
 
 
 @contextmanager
-def in_cgroup(name: str | None, cores: float) -> Iterator[None]:
+def in_cgroup(name: str | None, cores: float, period_ms: float = QUOTA_PERIOD_MS) -> Iterator[None]:
     """Processes started inside run in the cgroup-v1 CPU group `name`, limited to `cores` CPUs by
-    CFS bandwidth control, as a Kubernetes CPU limit limits a pod: the thread that starts them
-    joins the group (its children inherit it) and goes back to its own after. None: no limit.
-    Needs root and cgroup v1's `cpu` controller, as the project's machines have."""
+    CFS bandwidth control, as a Kubernetes CPU limit limits a pod: `cores` times `period_ms` of
+    CPU time in each period of `period_ms` (the kubelet's `cpuCFSQuotaPeriod`, 100 ms by
+    default). The thread that starts them joins the group (its children inherit it) and goes
+    back to its own after. None: no limit. Needs root and cgroup v1's `cpu` controller, as the
+    project's machines have."""
     if name is None or cores <= 0:
         yield
         return
@@ -103,9 +107,12 @@ def in_cgroup(name: str | None, cores: float) -> Iterator[None]:
         raise RuntimeError("no cgroup-v1 cpu controller: TIDEGATE_BENCH_POOLS_QUOTA needs one")
     group = _CPU_CGROUPS / name
     group.mkdir(exist_ok=True)
-    (group / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+    period_us = round(period_ms * 1000)
+    # Lower the quota first: the kernel refuses a period whose quota would exceed the parent's.
+    (group / "cpu.cfs_quota_us").write_text("-1")
+    (group / "cpu.cfs_period_us").write_text(str(period_us))
     # The kernel's least quota is 1 ms a period.
-    (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(cores * _PERIOD_US))))
+    (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(cores * period_us))))
     tid = str(threading.get_native_id())
     (group / "tasks").write_text(tid)
     try:
@@ -137,7 +144,8 @@ def cpu_limit(pids: list[int]) -> str:
             group = _cpu_cgroup(Path(f"/proc/{pid}/cgroup"))
             if group is not None:
                 quota = int((group / "cpu.cfs_quota_us").read_text())
-                limits.add("none" if quota < 0 else f"{quota / _PERIOD_US:.2f}")
+                period = int((group / "cpu.cfs_period_us").read_text())
+                limits.add("none" if quota < 0 else f"{quota / period:.2f}")
     return ",".join(sorted(limits)) or "-"
 
 

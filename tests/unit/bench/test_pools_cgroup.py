@@ -38,6 +38,20 @@ def test_a_child_started_inside_runs_under_the_limit_and_the_starter_does_not() 
         remove_cgroup(name)
 
 
+def test_a_shorter_period_grants_the_same_share_in_shorter_slices() -> None:
+    name = f"tidegate-test-{uuid.uuid4().hex[:8]}"
+    with in_cgroup(name, 0.5, period_ms=10):
+        child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert cpu_limit([child.pid]) == "0.50"
+        assert (_CPU / name / "cpu.cfs_period_us").read_text().strip() == "10000"
+        assert (_CPU / name / "cpu.cfs_quota_us").read_text().strip() == "5000"
+    finally:
+        child.kill()
+        child.wait()
+        remove_cgroup(name)
+
+
 def test_without_a_name_nothing_is_limited() -> None:
     before = cpu_limit([os.getpid()])
     with in_cgroup(None, 0.25):
