@@ -7,6 +7,11 @@ collection walked the whole start-up heap (FastAPI's routes, pydantic's models, 
 again. `settle()` moves what start-up built into the permanent generation (`gc.freeze`, as
 CPython's documentation advises for servers) and collects the youngest generation less often.
 Cycles are still collected; reference counting frees everything else at once, as before.
+
+The worker and the controller settle too. Each holds about 156k and 92k objects after start-up
+(torch, onnxruntime, pydantic, the settings); under load on the Kafka path at 2,000 requests/s, a
+full collection walked them every few seconds and held the worker's event loop for 70-120 ms, the
+controller's for 140-155 ms, which alone put a worker's p99 over 100 ms.
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
-"""`tidegate worker` runs its agent on the event loop its settings name."""
+"""`tidegate worker` runs its agent on the event loop its settings name, and settles its heap once
+its models are loaded."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import uvloop
 
+from tidegate.agents import faust_app
 from tidegate.agents.assembly import WorkerConfig
-from tidegate.agents.faust_app import run_worker
+from tidegate.agents.faust_app import InferenceAgent, run_worker
 from tidegate.agents.worker_settings import WorkerSettings
 
 
@@ -39,3 +43,23 @@ def test_the_worker_runs_on_the_loop_its_settings_name(
     finally:
         given.close()
         asyncio.set_event_loop(None)
+
+
+async def test_the_worker_settles_its_heap_once_its_models_are_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+
+    @asynccontextmanager
+    async def running(config: WorkerConfig) -> AsyncIterator[object]:
+        events.append("loaded")
+        yield object()
+        events.append("stopped")
+
+    monkeypatch.setattr(faust_app, "running_worker", running)
+    # The test process keeps its collector as it is.
+    monkeypatch.setattr(faust_app, "settle", lambda: events.append("settled"))
+    agent = InferenceAgent(WorkerConfig(worker=WorkerSettings(metrics_port=0, stall_exit_s=0)))
+    await agent.on_start()
+    await agent.on_stop()
+    assert events == ["loaded", "settled", "stopped"]

@@ -1,4 +1,4 @@
-"""`tidegate controller` runs on the event loop its settings name."""
+"""`tidegate controller` runs on the event loop its settings name, with its heap settled."""
 
 from __future__ import annotations
 
@@ -30,7 +30,14 @@ def test_the_controller_runs_on_the_loop_its_settings_name(
     monkeypatch.setenv("TIDEGATE_LIFECYCLE_CONTROLLER_EVENT_LOOP", kind)
     monkeypatch.setattr("tidegate.lifecycle.control.process.ControllerService", _Service)
     monkeypatch.setattr("tidegate.cli.serve_controller.configure_logging", lambda: None)
+    settled: list[int] = []
+    # The test process keeps its collector as it is; the controller's heap is settled before it
+    # runs.
+    monkeypatch.setattr(
+        "tidegate.cli.serve_controller.settle", lambda: settled.append(len(_Service.loops))
+    )
     _Service.loops.clear()
     controller(group_id=None, metrics_port=0, migrate=False)
     [loop] = _Service.loops
     assert isinstance(loop, uvloop.Loop) is uv
+    assert settled == [0]
