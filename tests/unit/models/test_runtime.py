@@ -7,8 +7,10 @@ in a temporary store in a few seconds.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -201,6 +203,26 @@ async def test_onnx_torchscript_and_export_agree(store: LocalArtifactStore) -> N
     np.testing.assert_allclose(outputs["onnx"], outputs["torch"], atol=1e-5)
     np.testing.assert_allclose(outputs["onnx"], outputs["pt2"], atol=1e-5)
     np.testing.assert_allclose(outputs["onnx"].sum(axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("version", ["onnx", "torch", "pt2"])
+async def test_a_version_loaded_before_the_heap_is_frozen_is_freed_when_unloaded(
+    store: LocalArtifactStore, version: str
+) -> None:
+    # A worker freezes its heap with its start-up versions loaded (`tidegate.core.heap.settle`):
+    # the cyclic collector never walks those objects again, so unloading one of them must free
+    # it by reference counting alone, or its memory stays for the life of the process.
+    runtime = await load_package(store, "tiny", version, SETTINGS)
+    await runtime.infer({"x": BATCH})
+    gc.collect()
+    gc.freeze()
+    try:
+        gone = weakref.ref(runtime)
+        await runtime.on_unload()
+        del runtime
+        assert gone() is None
+    finally:
+        gc.unfreeze()
 
 
 async def test_onnx_sessions_take_the_configured_threads(store: LocalArtifactStore) -> None:
