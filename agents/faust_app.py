@@ -86,8 +86,7 @@ class InferenceAgent(Service):
                 watchdog = LoopWatchdog(limit, _exit_stalled)
                 watchdog.start()
                 self._stack.push_async_callback(watchdog.stop)
-            # Models are loaded and warm. What start-up built lives as long as the process; a
-            # full collection walking it stalled the loop for 70-120 ms under load.
+            # Models are loaded and warm: start-up is over (why: `tidegate.core.heap`).
             settle()
         except BaseException:
             await self._stack.aclose()

@@ -8,10 +8,11 @@ again. `settle()` moves what start-up built into the permanent generation (`gc.f
 CPython's documentation advises for servers) and collects the youngest generation less often.
 Cycles are still collected; reference counting frees everything else at once, as before.
 
-The worker and the controller settle too. Each holds about 156k and 92k objects after start-up
-(torch, onnxruntime, pydantic, the settings); under load on the Kafka path at 2,000 requests/s, a
-full collection walked them every few seconds and held the worker's event loop for 70-120 ms, the
-controller's for 140-155 ms, which alone put a worker's p99 over 100 ms.
+The worker (once its models are loaded) and the controller settle too. After start-up a worker
+holds about 156k objects (torch, onnxruntime, pydantic, the settings), the controller about 92k.
+At 2,000 requests/s on the Kafka path a full collection walked them every few seconds and held a
+worker's event loop for 70-120 ms (the controller's for 140-155 ms), which alone put the p99 over
+100 ms.
 """
 
 from __future__ import annotations
