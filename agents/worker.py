@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -53,6 +52,11 @@ _FETCH_MAX = 500
 # every 100 ms bounds redelivery after a crash to that much work (at-least-once either way).
 _COMMIT_EVERY_S = 0.1
 _RETRY_DECODE_S = 1.0
+# Delivery reports are served on the event loop: this long after a flush and then as often while
+# any message awaits its report (each poll serves every report that arrived), and at least this
+# often when none does (librdkafka's logs and errors arrive through the same poll).
+_ACKS_EVERY_S = 0.01
+_ACKS_IDLE_S = 0.1
 
 
 class InferenceWorker:
@@ -98,7 +102,8 @@ class InferenceWorker:
         self._seeks: dict[int, int] = {}
         self._epoch = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._polling = threading.Event()
+        self._acks_due: asyncio.TimerHandle | None = None
+        self._acks_idle: asyncio.TimerHandle | None = None
         # Set once `stop()` has drained: the revoke that `close()` triggers must not wait again.
         self._drained = False
 
@@ -138,9 +143,7 @@ class InferenceWorker:
         )
         self._thread = OwnerThread("kafka-consumer")
         self._thread.start()
-        self._poller = threading.Thread(target=self._serve_acks, name="kafka-delivery", daemon=True)
-        self._polling.set()
-        self._poller.start()
+        self._acks_idle = self._loop.call_later(_ACKS_IDLE_S, self._idle_acks)
         await asyncio.to_thread(prepare_group, self._kafka, self.settings)
         extra = {"client.id": client_id, **self._consumer_extra}
         self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
@@ -223,9 +226,8 @@ class InferenceWorker:
             pipeline.close()
         self._pipelines.clear()
         await self._batcher.stop()
-        self._polling.clear()
-        await asyncio.to_thread(self._poller.join)
         left = await asyncio.to_thread(self._publisher.flush, 10.0)
+        self._stop_serving_acks()
         if left:
             log.warning("%d messages not acknowledged at shutdown", left)
         await cancel_and_wait(self._tasks)
@@ -388,6 +390,7 @@ class InferenceWorker:
     ) -> None:
         hand_over(slots, outcome, worker_id=self.settings.worker_id)
         self._sink.flush()
+        self._poll_acks_later()
 
     def _positions(self) -> list[TopicPartition]:
         return [
@@ -406,10 +409,33 @@ class InferenceWorker:
                 commits.append(TopicPartition(self.requests_topic, partition, position))
         return commits
 
+    def _poll_acks_later(self) -> None:
+        if self._acks_due is None:
+            self._acks_due = self._loop.call_later(_ACKS_EVERY_S, self._serve_acks)
+
     def _serve_acks(self) -> None:
-        # Delivery reports arrive here; a flush's sink counts them and wakes the loop once.
-        while self._polling.is_set():
-            self._publisher.poll(0.1)
+        """Serve the producer's delivery reports on the loop, all that arrived, and come back
+        while any is still due. A thread of their own took the GIL once per report and woke the
+        loop once per flush (decision 029)."""
+        self._acks_due = None
+        try:
+            self._publisher.poll(0)
+        except Exception as exc:  # a report's callback failed: nothing after it is counted
+            self.fail(exc)
+            return
+        if self._publisher.outstanding():
+            self._poll_acks_later()
+
+    def _idle_acks(self) -> None:
+        self._acks_idle = self._loop.call_later(_ACKS_IDLE_S, self._idle_acks)
+        if self._acks_due is None:
+            self._serve_acks()
+
+    def _stop_serving_acks(self) -> None:
+        for handle in (self._acks_idle, self._acks_due):
+            if handle is not None:
+                handle.cancel()
+        self._acks_idle = self._acks_due = None
 
     def _new_pipeline(self, partition: int) -> PartitionPipeline:
         return PartitionPipeline(

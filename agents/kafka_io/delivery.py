@@ -219,6 +219,13 @@ class ResultPublisher:
             served += int(self.side.poll(0))
         return served
 
+    def outstanding(self) -> int:
+        """Messages produced whose delivery report has not been served yet."""
+        left = len(self.producer)
+        if self.side is not None:
+            left += len(self.side)
+        return left
+
     def flush(self, timeout: float) -> int:
         """Wait for outstanding messages; returns how many are still undelivered."""
         left = int(self.producer.flush(timeout))
@@ -248,9 +255,9 @@ class ResultPublisher:
                 self.producer.produce(topic, **kwargs)
                 return
             except BufferError:
-                # The local queue is full. The worker's delivery thread serves acknowledgements
-                # (serving them here too would count them on two threads): wait for room.
-                time.sleep(0.005)
+                # The local queue is full until delivery reports are served, and the worker
+                # serves them on this thread (its loop): serve them while waiting for room.
+                self.poll(0.005)
 
 
 class ResultBatch:

@@ -255,20 +255,22 @@ class _FullProducer:
         raise AssertionError("a shadow comparison must never wait for room in the queue")
 
 
+def _offline_publisher(producer: Any) -> Any:
+    """A `ResultPublisher` over `producer`, with a registry it never needs to reach."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from tidegate.agents.kafka_io.delivery import ResultPublisher
+
+    return ResultPublisher(producer, SchemaRegistryClient({"url": "http://127.0.0.1:9"}), TOPICS)
+
+
 def test_a_full_producer_queue_drops_a_shadow_comparison_at_once() -> None:
     from datetime import UTC, datetime
 
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
     from tidegate.agents import worker_metrics as metrics
-    from tidegate.agents.kafka_io.delivery import ResultPublisher
 
     producer = _FullProducer()
-    publisher = ResultPublisher(
-        producer,  # type: ignore[arg-type]
-        SchemaRegistryClient({"url": "http://127.0.0.1:9"}),
-        TOPICS,
-    )
+    publisher = _offline_publisher(producer)
     publisher._ids[TOPICS.shadow] = 1
     comparison = {
         "model": "fraud", "primary_version": "1", "candidate_version": "2", "request_id": "r",
@@ -366,3 +368,34 @@ def test_the_reply_alone_carries_its_submissions_nonce() -> None:
     sent = dict(producer.headers)
     assert sent[TOPICS.results] == trace
     assert sent[TOPICS.replies] == [*trace, ("tidegate-submission", b"n-1")]
+
+
+class _QueueFreedByPolls:
+    """A producer whose local queue is full until delivery reports are served (`poll`), as
+    librdkafka's is: messages leave its count only once their report was served."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.refused = 0
+        self.produced: list[bytes] = []
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        if self.polls == 0:
+            self.refused += 1
+            if self.refused > 50:  # nothing serves the reports: stop the test, not the machine
+                self.polls = -1
+            raise BufferError("Local: Queue full")
+        self.produced.append(kwargs["value"])
+
+    def poll(self, timeout: float = 0.0) -> int:
+        self.polls = max(self.polls, 0) + 1
+        return 0
+
+
+def test_a_full_local_queue_serves_delivery_reports_while_it_waits_for_room() -> None:
+    # The worker serves its reports on the thread that produces, so waiting alone never ends.
+    producer = _QueueFreedByPolls()
+    publisher = _offline_publisher(producer)
+    publisher.produce_one(TOPICS.results, b"r1", b"k", None, None)
+    assert producer.produced == [b"r1"]
+    assert producer.polls == 1, "the wait did not serve delivery reports"

@@ -12,6 +12,7 @@ until the test gives it, and a request's value is its id (`tests.unit.agents.tes
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,7 +69,7 @@ async def fetch_turns(consumer: FakeConsumer, count: int = 5) -> None:
 
 
 async def loop_turns(publisher: WorkerPublisher, count: int = 20) -> None:
-    """Let the worker run a while: its delivery thread polls the publisher every round."""
+    """Let the worker run a while: it polls the publisher for reports while any is due."""
     start = publisher.polls
     await until(lambda: publisher.polls >= start + count)
 
@@ -383,6 +384,31 @@ async def test_a_failure_in_the_fetch_loop_fails_the_worker(harness: Harness) ->
     consumer.fail_with = KafkaException(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
     with pytest.raises(KafkaException):
         await asyncio.wait_for(worker.wait(), 1)
+
+
+async def test_delivery_reports_are_served_on_the_event_loop_while_any_is_due(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A thread of their own took the GIL once per report and woke the loop once per flush.
+    consumer = FakeConsumer(unique("requests"))
+    await harness.start(consumer)
+    publisher = harness.publisher
+    loop_thread = threading.get_ident()
+    served_on: set[int] = set()
+
+    def poll(timeout: float = 0.0) -> int:
+        # As librdkafka's poll does: the reports that arrived are served on the calling thread.
+        if publisher.acks:
+            served_on.add(threading.get_ident())
+        served = len(publisher.acks)
+        publisher.ack_all()
+        return served
+
+    monkeypatch.setattr(publisher, "poll", poll)
+    await rebalanced(consumer, "assign", 0)
+    consumer.append(0, 5)
+    await until(lambda: consumer.committed() == {0: 5})
+    assert served_on == {loop_thread}
 
 
 # -- reading ---------------------------------------------------------------------------------------

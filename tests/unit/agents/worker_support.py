@@ -73,6 +73,10 @@ class WorkerPublisher(delivery.Publisher):
         time.sleep(min(timeout, 0.002))  # as librdkafka's poll waits when nothing is due
         return 0
 
+    def outstanding(self) -> int:
+        """The results whose acknowledgement the test has not given yet."""
+        return len(self.acks)
+
     def flush(self, timeout: float) -> int:
         self.flushes += 1
         return 0
