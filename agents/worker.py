@@ -26,6 +26,7 @@ from tidegate.agents.kafka_io.delivery import ResultPublisher
 from tidegate.agents.kafka_io.failures import FailureRouter, default_router
 from tidegate.agents.kafka_io.membership import check_membership, consumer_options, prepare_group
 from tidegate.agents.kafka_io.partition import PartitionPipeline, Slot, hand_over
+from tidegate.agents.kafka_io.report_poller import ReportPoller
 from tidegate.agents.kafka_io.sinks import AckedSink, ResultSink, TransactionalSink
 from tidegate.agents.kafka_io.solo_lane import SoloLane
 from tidegate.agents.kafka_io.worker_producers import Transactions, start_publisher, worker_producer
@@ -52,11 +53,6 @@ _FETCH_MAX = 500
 # every 100 ms bounds redelivery after a crash to that much work (at-least-once either way).
 _COMMIT_EVERY_S = 0.1
 _RETRY_DECODE_S = 1.0
-# Delivery reports are served on the event loop: this long after a flush and then as often while
-# any message awaits its report (each poll serves every report that arrived), and at least this
-# often when none does (librdkafka's logs and errors arrive through the same poll).
-_ACKS_EVERY_S = 0.01
-_ACKS_IDLE_S = 0.1
 
 
 class InferenceWorker:
@@ -102,8 +98,7 @@ class InferenceWorker:
         self._seeks: dict[int, int] = {}
         self._epoch = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._acks_due: asyncio.TimerHandle | None = None
-        self._acks_idle: asyncio.TimerHandle | None = None
+        self._reports: ReportPoller | None = None
         # Set once `stop()` has drained: the revoke that `close()` triggers must not wait again.
         self._drained = False
 
@@ -143,7 +138,8 @@ class InferenceWorker:
         )
         self._thread = OwnerThread("kafka-consumer")
         self._thread.start()
-        self._acks_idle = self._loop.call_later(_ACKS_IDLE_S, self._idle_acks)
+        self._reports = ReportPoller(self._publisher, self._loop, self.fail)
+        self._reports.start()
         await asyncio.to_thread(prepare_group, self._kafka, self.settings)
         extra = {"client.id": client_id, **self._consumer_extra}
         self._consumer: Consumer = make_consumer(self._kafka, self.settings.group_id, extra)
@@ -227,7 +223,8 @@ class InferenceWorker:
         self._pipelines.clear()
         await self._batcher.stop()
         left = await asyncio.to_thread(self._publisher.flush, 10.0)
-        self._stop_serving_acks()
+        if self._reports is not None:
+            self._reports.stop()
         if left:
             log.warning("%d messages not acknowledged at shutdown", left)
         await cancel_and_wait(self._tasks)
@@ -390,7 +387,8 @@ class InferenceWorker:
     ) -> None:
         hand_over(slots, outcome, worker_id=self.settings.worker_id)
         self._sink.flush()
-        self._poll_acks_later()
+        if self._reports is not None:
+            self._reports.flushed()
 
     def _positions(self) -> list[TopicPartition]:
         return [
@@ -408,34 +406,6 @@ class InferenceWorker:
                 self._committed[partition] = position
                 commits.append(TopicPartition(self.requests_topic, partition, position))
         return commits
-
-    def _poll_acks_later(self) -> None:
-        if self._acks_due is None:
-            self._acks_due = self._loop.call_later(_ACKS_EVERY_S, self._serve_acks)
-
-    def _serve_acks(self) -> None:
-        """Serve the producer's delivery reports on the loop, all that arrived, and come back
-        while any is still due. A thread of their own took the GIL once per report and woke the
-        loop once per flush (decision 029)."""
-        self._acks_due = None
-        try:
-            self._publisher.poll(0)
-        except Exception as exc:  # a report's callback failed: nothing after it is counted
-            self.fail(exc)
-            return
-        if self._publisher.outstanding():
-            self._poll_acks_later()
-
-    def _idle_acks(self) -> None:
-        self._acks_idle = self._loop.call_later(_ACKS_IDLE_S, self._idle_acks)
-        if self._acks_due is None:
-            self._serve_acks()
-
-    def _stop_serving_acks(self) -> None:
-        for handle in (self._acks_idle, self._acks_due):
-            if handle is not None:
-                handle.cancel()
-        self._acks_idle = self._acks_due = None
 
     def _new_pipeline(self, partition: int) -> PartitionPipeline:
         return PartitionPipeline(
