@@ -16,11 +16,12 @@ stderr rather than pile up unserved.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, KafkaException, Message, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -37,6 +38,7 @@ __all__ = [
     "SECRET_OPTIONS",
     "GroupProtocol",
     "admin_config",
+    "close_within",
     "connection_config",
     "consume_ready",
     "consumer_config",
@@ -52,6 +54,8 @@ __all__ = [
 ]
 
 GroupProtocol = Literal["classic", "consumer"]
+
+_log = logging.getLogger(__name__)
 
 
 def connection_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -242,6 +246,28 @@ def make_offset_reader(settings: KafkaSettings, group_id: str) -> Consumer:
     4605 and 3663)."""
     extra = {"enable.auto.offset.store": False, "client.id": f"{settings.client_id}-offsets"}
     return make_consumer(settings, group_id, extra)
+
+
+def close_within(consumer: Consumer, seconds: float, what: str) -> bool:
+    """Close `consumer` on a thread of its own, waiting at most `seconds`; whether it closed.
+
+    librdkafka's consumer close can block for good when the brokers go away while it runs
+    (confluent-kafka-python issue 1667): a caller that waited would stall its own shutdown, or a
+    prober its next probe. One that has not returned by then is left on its daemon thread."""
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            _log.debug("closing %s: %s", what, exc)
+
+    closer = threading.Thread(target=close, name=f"close-{what}", daemon=True)
+    closer.start()
+    closer.join(seconds)
+    if closer.is_alive():
+        _log.warning("%s did not close within %g s: left on its own thread", what, seconds)
+        return False
+    return True
 
 
 def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) -> AdminClient:

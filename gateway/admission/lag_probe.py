@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
-from tidegate.core.kafka import make_offset_reader
+from tidegate.core.kafka import close_within, make_offset_reader
 from tidegate.core.settings import KafkaSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.gateway.admission.admission_settings import AdmissionSettings
@@ -24,6 +24,7 @@ _log = get_logger(__name__)
 Observe = Callable[[int, int], None]
 # Partitions are listed again this often (in probes): a topic may grow partitions.
 _RELIST_EVERY = 120
+_CLOSE_S = 5.0  # a reader's close that takes longer is left behind (close_within)
 
 
 class _Target:
@@ -59,7 +60,7 @@ class _Target:
 
     def close(self) -> None:
         if self.reader is not None:
-            _close(self.reader)
+            close_within(self.reader, _CLOSE_S, "gateway-lag-reader")
             self.reader = None
 
 
@@ -99,13 +100,6 @@ class LagProbe:
         finally:
             for target in self._targets:
                 target.close()
-
-
-def _close(reader: Consumer) -> None:
-    try:
-        reader.close()
-    except (KafkaException, RuntimeError) as exc:
-        _log.debug("closing the lag reader: %s", exc)
 
 
 def read_lag(reader: Consumer, partitions: list[TopicPartition], timeout: float) -> tuple[int, int]:

@@ -23,13 +23,14 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Gauge
 
 from tidegate.core.aio import Periodic
-from tidegate.core.kafka import make_admin, make_offset_reader
+from tidegate.core.kafka import close_within, make_admin, make_offset_reader
 from tidegate.core.settings import KafkaSettings
 
 __all__ = ["GROUP_LAG", "UNASSIGNED", "GroupLag"]
 
 _log = logging.getLogger(__name__)
 _TIMEOUT_S = 10.0
+_CLOSE_S = 10.0  # a close that takes longer is left to finish on its own (close_within)
 
 GROUP_LAG = Gauge(
     "tidegate_group_lag",
@@ -71,10 +72,7 @@ class GroupLag:
     def _drop(self) -> None:
         reader, self._reader, self._admin = self._reader, None, None
         if reader is not None:
-            try:
-                reader.close()
-            except (KafkaException, RuntimeError) as exc:
-                _log.debug("closing the offsets reader: %s", exc)
+            close_within(reader, _CLOSE_S, "group-lag-reader")
 
     def refresh(self) -> dict[int, int]:
         """Read and export the lag of each partition; returns it.

@@ -59,9 +59,14 @@ async def test_two_replicas_share_one_limit(
     got = accepted_rate(measured)
     print(f"two replicas: {got:.1f}/s accepted of {len(measured) / MEASURE_S:.0f}/s, limit {rate}")
     assert abs(got - rate) <= 0.1 * rate, f"{got:.1f}/s accepted, limit {rate}/s"
-    # Offered well over the limit, and each replica took a share: the count is one, shared.
+    # Offered well over the limit, and both replicas took from it: the count is one, shared (two
+    # counts would accept twice the rate). The split is not even: a refused replica waits out its
+    # Retry-After without asking Redis, and whoever asks first once a slot frees takes it, so a
+    # replica's share has been as low as a fifth.
     assert len(measured) > 1.5 * len(accepted)
-    assert min(accepted.count(0), accepted.count(1)) > 0.25 * len(accepted)
+    offered = [sum(1 for i, _ in measured if i == replica) for replica in (0, 1)]
+    assert min(offered) > 2 * rate * MEASURE_S, offered
+    assert min(accepted.count(0), accepted.count(1)) > 0.1 * len(accepted)
     retries = [retry for _, retry in measured if retry is not None]
     assert all(0 < r <= config.burst_s for r in retries)
 
