@@ -8,6 +8,8 @@ then `SECONDS` counted, open loop. It prints CPU per call by process and by thre
 threads by their pool), and the broker's requests per call by API. With
 `TIDEGATE_BENCH_THREADS_STRACE=1` each rate then gets one more step, not counted, with the
 serving gateway process's system calls per call (`strace -c -f`, which slows what it watches).
+Last, unless `TIDEGATE_BENCH_THREADS_IDLE=0`, `SECONDS` with no calls: each process's and
+thread's cores, and the broker's requests a second, that every call at a low rate shares.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from tests.bench.bench_keys import infer_headers
@@ -102,6 +105,28 @@ def _step(url: str, rate: float, headers: dict[str, str], groups: dict[str, list
         print(f"      {group:<10} {name:<16} {ms:.3f}")
 
 
+def _idle(groups: dict[str, list[int]]) -> None:
+    """`SECONDS` with no calls at all: what each process and thread costs just by running, in
+    cores, and the broker's requests a second. At 250 calls/s each 0.01 cores is 0.04 ms a
+    call."""
+    time.sleep(2.0)  # the last step's replies and commits settle
+    broker = BrokerRequests()
+    asked = broker.read()
+    before = thread_seconds(groups)
+    time.sleep(SECONDS)
+    after = thread_seconds(groups)
+    used = {key: (after[key] - before.get(key, 0.0)) / SECONDS for key in after}
+    by_group: dict[str, float] = {}
+    for (group, _), cores in used.items():
+        by_group[group] = by_group.get(group, 0.0) + cores
+    print("   idle   cores: " + "  ".join(f"{g} {c:.3f}" for g, c in by_group.items()))
+    print(f"    all {sum(by_group.values()):.3f}")
+    requests = broker.per_call(asked, broker.read(), int(SECONDS))
+    print("    broker requests a second: " + "  ".join(f"{a} {n:.1f}" for a, n in requests.items()))
+    for (group, name), cores in sorted(used.items(), key=lambda kv: -kv[1])[:_TOP]:
+        print(f"      {group:<10} {name:<16} {cores:.4f}")
+
+
 def _syscalls(url: str, rate: float, headers: dict[str, str], gateway: int) -> None:
     """Another step at `rate`, uncounted, with strace on the serving process (the supervisor's
     newest child) for its first SECONDS - 2 s: system calls per call."""
@@ -145,5 +170,7 @@ def run() -> None:
                 _step(url, rate, headers, groups)
                 if os.environ.get("TIDEGATE_BENCH_THREADS_STRACE") == "1":
                     _syscalls(url, rate, headers, gateway.process.pid)
+            if os.environ.get("TIDEGATE_BENCH_THREADS_IDLE", "1") == "1":
+                _idle(groups)
         finally:
             gateway.stop()
