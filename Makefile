@@ -10,12 +10,19 @@ STAMP   := $(VAR)/stamps
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup up down status observe models test test-fast test-unit test-integration lint fmt docs typecheck demo bench clean
+.PHONY: help setup bytecode up down status observe models test test-fast test-unit test-integration lint fmt docs typecheck demo bench clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/apicurio $(STAMP)/system $(STAMP)/deploy-tools ## Install system packages, the venv, the Kafka jars, a third-party registry for its test, and the deployment checkers.
+setup: $(STAMP)/venv $(STAMP)/kafka $(STAMP)/apicurio $(STAMP)/system $(STAMP)/deploy-tools bytecode ## Install system packages, the venv, the Kafka jars, a third-party registry for its test, and the deployment checkers.
+
+# Where PYTHONDONTWRITEBYTECODE is set (this project's machines, most container images) Python
+# never writes bytecode, and every process compiled the ~300 modules of the source tree again at
+# each start: 0.17 s of CPU a worker, a gateway or a restart. compileall skips what is up to date.
+PACKAGES := agents cli clients core dlq examples gateway lifecycle models schemas tidegate
+bytecode: $(STAMP)/venv ## Compile the source tree's bytecode (run by setup; skips what is up to date).
+	@$(BIN)/python -m compileall -q -j 0 $(PACKAGES)
 
 $(STAMP)/system: infra/install-system.sh
 	@mkdir -p $(STAMP)
