@@ -114,6 +114,9 @@ async def running_worker(
     config = in_pool(config)
     metrics.POOL_INFO.labels(config.worker.pool or DEFAULT_POOL).set(1)
     worker_id = config.worker.worker_id
+    # One registry client for the process: each costs 40 ms of CPU to make (its TLS context),
+    # and one cache of schemas serves every part.
+    registry = SchemaRegistryClient(config.registry.client_config())
     async with AsyncExitStack() as stack:
         if tracing is None:
             tracing = start_tracing(config.tracing, "worker")
@@ -136,9 +139,7 @@ async def running_worker(
             # Facts about this worker hold whatever the stream's state: no expected version.
             return await lifecycle.append(model, events, expected_version=None)
 
-        feed = LifecycleFeed(
-            config.kafka, config.topics, config.registry, name=f"worker-{worker_id}"
-        )
+        feed = LifecycleFeed(config.kafka, config.topics, registry, name=f"worker-{worker_id}")
         feed.start()
         stack.push_async_callback(asyncio.to_thread, feed.stop)
         await feed.caught_up(CATCH_UP_S)
@@ -170,7 +171,7 @@ async def running_worker(
         )
         stack.push_async_callback(shadow.stop)
         failure = default_router(config.topics, worker_id, config.failure)
-        breakers = await breaker_board(config, stack)
+        breakers = await breaker_board(config, stack, registry)
         service = InferenceService(
             feed,
             versions,
@@ -206,14 +207,14 @@ async def running_worker(
                 settings=settings,
                 kafka=config.kafka,
                 topics=config.topics,
-                registry=config.registry,
+                registry=registry,
                 consumer_extra=consumer_extra,
                 tracing=tracing,
                 failures=failure
                 if lane == "realtime"
                 else default_router(config.topics, worker_id, config.failure),
                 crash_guard=guard,
-                relay=retry_relay(config) if lane == "realtime" else None,
+                relay=retry_relay(config, registry) if lane == "realtime" else None,
                 requests_topic=topic,
                 lane=gate.realtime if lane == "realtime" else gate.batch,
             )
@@ -268,14 +269,14 @@ async def _fail_together(worker: InferenceWorker, lanes: Mapping[Lane, Inference
                 other.fail(exc)
 
 
-async def breaker_board(config: WorkerConfig, stack: AsyncExitStack) -> BreakerBoard | None:
+async def breaker_board(
+    config: WorkerConfig, stack: AsyncExitStack, registry: SchemaRegistryClient
+) -> BreakerBoard | None:
     """The worker's breakers (None when they are off), publishing to `topics.breakers`; on
     stop, after the worker, its published states are tombstoned and the producer flushed."""
     if not config.breaker.enabled and not config.breaker.models:
         return None
-    publisher = BreakerPublisher(
-        config.kafka, config.topics, SchemaRegistryClient(config.registry.client_config())
-    )
+    publisher = BreakerPublisher(config.kafka, config.topics, registry)
     stack.push_async_callback(asyncio.to_thread, publisher.close)
     await asyncio.to_thread(publisher.prepare)
     board = BreakerBoard(config.breaker, worker_id=config.worker.worker_id, publish=publisher)
@@ -306,7 +307,7 @@ def crash_guard(
     )
 
 
-def retry_relay(config: WorkerConfig) -> RetryRelay | None:
+def retry_relay(config: WorkerConfig, registry: SchemaRegistryClient) -> RetryRelay | None:
     """The worker process's retry relay; None when it runs none."""
     worker, topics, kafka = config.worker, config.topics, config.kafka
     if not (worker.retry_relay and topics.retry_levels):
@@ -316,7 +317,7 @@ def retry_relay(config: WorkerConfig) -> RetryRelay | None:
     return RetryRelay(
         kafka,
         topics,
-        SchemaRegistryClient(config.registry.client_config()),
+        registry,
         group_id=f"{worker.group_id}-retry",
         client_id=f"{kafka.client_id}-{worker.worker_id}-retry",
         transactional_id=f"{transactional}-retry" if exactly_once else None,

@@ -63,7 +63,7 @@ class InferenceWorker:
         settings: WorkerSettings,
         kafka: KafkaSettings,
         topics: TopicSettings,
-        registry: SchemaRegistrySettings,
+        registry: SchemaRegistrySettings | SchemaRegistryClient,
         drain_timeout_s: float | None = None,
         poll_timeout_s: float = 0.1,
         consumer_extra: Mapping[str, Any] | None = None,
@@ -113,7 +113,12 @@ class InferenceWorker:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._failed: asyncio.Future[None] = self._loop.create_future()
-        client = SchemaRegistryClient(self._registry.client_config())
+        registry = self._registry
+        client = (
+            registry
+            if isinstance(registry, SchemaRegistryClient)
+            else SchemaRegistryClient(registry.client_config())
+        )
         client_id = f"{self._kafka.client_id}-{self.settings.worker_id}"
         transactions = (
             Transactions(self.transactional_id, self.settings.transaction_timeout_ms)
