@@ -15,7 +15,6 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.agents import worker_metrics as metrics
 from tidegate.agents.inference.batching import KeyedBatcher
@@ -36,12 +35,12 @@ from tidegate.agents.worker_settings import WorkerSettings
 from tidegate.core.aio import OwnerThread, cancel_and_wait
 from tidegate.core.errors import RetriableError
 from tidegate.core.kafka import make_consumer
-from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.settings import KafkaSettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.core.tracing import TRACING_OFF, Tracing
 from tidegate.dlq.retry_relay import RetryRelay
 from tidegate.schemas.catalog import INFERENCE_REQUEST, load_schema
-from tidegate.schemas.codec import AvroDecoder
+from tidegate.schemas.codec import AvroDecoder, Registry, registry_client
 from tidegate.schemas.records import ResultRecord
 
 __all__ = ["InferenceWorker"]
@@ -63,7 +62,7 @@ class InferenceWorker:
         settings: WorkerSettings,
         kafka: KafkaSettings,
         topics: TopicSettings,
-        registry: SchemaRegistrySettings | SchemaRegistryClient,
+        registry: Registry,
         drain_timeout_s: float | None = None,
         poll_timeout_s: float = 0.1,
         consumer_extra: Mapping[str, Any] | None = None,
@@ -113,12 +112,7 @@ class InferenceWorker:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._failed: asyncio.Future[None] = self._loop.create_future()
-        registry = self._registry
-        client = (
-            registry
-            if isinstance(registry, SchemaRegistryClient)
-            else SchemaRegistryClient(registry.client_config())
-        )
+        client = registry_client(self._registry)
         client_id = f"{self._kafka.client_id}-{self.settings.worker_id}"
         transactions = (
             Transactions(self.transactional_id, self.settings.transaction_timeout_ms)

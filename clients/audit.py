@@ -32,7 +32,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from opentelemetry import trace
 from prometheus_client import Counter
 
@@ -41,7 +40,7 @@ from tidegate.core.kafka import make_producer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.schemas.catalog import AUDIT_EVENT, load_schema
-from tidegate.schemas.codec import AvroEncoder
+from tidegate.schemas.codec import AvroEncoder, Registry, registry_client
 
 __all__ = [
     "AUDIT_FAILURES",
@@ -185,7 +184,7 @@ class KafkaAuditTrail:
         self,
         kafka: KafkaSettings | None = None,
         topics: TopicSettings | None = None,
-        registry: SchemaRegistrySettings | None = None,
+        registry: Registry | None = None,
         *,
         service: str = "gateway",
         producer_extra: Mapping[str, Any] | None = None,
@@ -215,9 +214,7 @@ class KafkaAuditTrail:
         """Look the schema id up (raises when the subject is missing), connect, start polling."""
         if self._producer is not None:
             return
-        encoder = AvroEncoder(
-            SchemaRegistryClient(self._registry.client_config()), load_schema(AUDIT_EVENT)
-        )
+        encoder = AvroEncoder(registry_client(self._registry), load_schema(AUDIT_EVENT))
         self._schema_id = encoder.schema_id(f"{self._topic}-value")
         self._encoder = encoder
         self._producer = make_producer(self._kafka, self._producer_extra)

@@ -45,7 +45,6 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -64,7 +63,7 @@ from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicS
 from tidegate.core.sticky import StickyPartitions
 from tidegate.core.tracing import TRACING_OFF, KafkaHeaders, Tracing, span_headers
 from tidegate.schemas.catalog import INFERENCE_REQUEST, INFERENCE_RESULT, load_schema
-from tidegate.schemas.codec import AvroDecoder, AvroEncoder
+from tidegate.schemas.codec import AvroDecoder, AvroEncoder, Registry, registry_client
 from tidegate.schemas.records import RequestRecord, ResultRecord
 from tidegate.schemas.requests import Inputs, build_request, request_key
 
@@ -128,7 +127,7 @@ class TidegateProducer:
         self,
         kafka: KafkaSettings | None = None,
         topics: TopicSettings | None = None,
-        registry: SchemaRegistrySettings | None = None,
+        registry: Registry | None = None,
         *,
         await_results: bool = False,
         producer_extra: Mapping[str, Any] | None = None,
@@ -184,7 +183,7 @@ class TidegateProducer:
 
     def start(self, timeout: float = 15.0) -> None:
         """Connect, look the schema id up and, when awaiting results, pin the result offsets."""
-        client = SchemaRegistryClient(self._registry.client_config())
+        client = registry_client(self._registry)
         self._encoder = AvroEncoder(client, load_schema(INFERENCE_REQUEST))
         # The default lane's subject must be there; another lane's is looked up on first use.
         self._schema_id = self._encoder.schema_id(f"{lane_topic(self._topics, self.lane)}-value")

@@ -40,12 +40,26 @@ from tidegate.core.errors import (
     TidegateError,
     UnknownSchemaError,
 )
+from tidegate.core.settings import SchemaRegistrySettings
 from tidegate.schemas.catalog import ProjectSchema
 from tidegate.schemas.wire import pack, unpack
 
-__all__ = ["AvroDecoder", "AvroEncoder", "SubjectNameStrategy"]
+__all__ = ["AvroDecoder", "AvroEncoder", "Registry", "SubjectNameStrategy", "registry_client"]
 
 SubjectNameStrategy = Callable[[SerializationContext | None, str | None], str | None]
+
+Registry = SchemaRegistrySettings | SchemaRegistryClient
+"""Where a part finds the schema registry: settings, or a client the process already made."""
+
+
+def registry_client(registry: Registry) -> SchemaRegistryClient:
+    """`registry` if it is a client, else a new one from its settings. A process passes one client
+    to all its parts: each costs about 40 ms of CPU to make (its TLS context) and has a schema
+    cache of its own."""
+    if isinstance(registry, SchemaRegistryClient):
+        return registry
+    return SchemaRegistryClient(registry.client_config())
+
 
 # 40403 is Confluent's "schema not found"; its mock client answers the generic 40400.
 _UNKNOWN_ID = (40403, 40400)

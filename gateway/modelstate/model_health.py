@@ -13,14 +13,13 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.errors import TidegateError
 from tidegate.core.kafka import consume_ready, make_reader
-from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.settings import KafkaSettings, TopicSettings
 from tidegate.core.telemetry import get_logger
 from tidegate.schemas.catalog import BREAKER_STATE, load_schema
-from tidegate.schemas.codec import AvroDecoder
+from tidegate.schemas.codec import AvroDecoder, Registry, registry_client
 
 __all__ = ["CLOSED", "HALF_OPEN", "OPEN", "BreakerStates", "ModelHealth", "version_state"]
 
@@ -68,17 +67,13 @@ class ModelHealth:
         self,
         kafka: KafkaSettings,
         topics: TopicSettings,
-        registry: SchemaRegistrySettings | SchemaRegistryClient,
+        registry: Registry,
         *,
         name: str = "gateway",
         clock: Callable[[], float] = time.time,
         poll_s: float = 0.2,
     ) -> None:
-        client = (
-            registry
-            if isinstance(registry, SchemaRegistryClient)
-            else SchemaRegistryClient(registry.client_config())
-        )
+        client = registry_client(registry)
         self.topic = topics.breakers
         self.name = name
         self._kafka = kafka

@@ -34,9 +34,10 @@ from tidegate.clients.producer import (
 from tidegate.core.errors import ConfigurationError, TidegateError
 from tidegate.core.kafka import make_admin
 from tidegate.core.pools import pool_topic_names
-from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.settings import KafkaSettings, TopicSettings
 from tidegate.core.tracing import TRACING_OFF, Tracing
 from tidegate.gateway.gateway_settings import GatewaySettings
+from tidegate.schemas.codec import Registry
 from tidegate.schemas.records import RequestRecord
 
 __all__ = [
@@ -165,7 +166,7 @@ class KafkaRequestPublisher(RequestPublisher):
         self,
         kafka: KafkaSettings,
         topics: TopicSettings,
-        registry: SchemaRegistrySettings,
+        registry: Registry,
         *,
         gateway: GatewaySettings | None = None,
         connect_timeout_s: float = 15.0,

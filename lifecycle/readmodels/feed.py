@@ -36,15 +36,15 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.errors import LifecycleError, LifecycleUnavailableError, TidegateError
 from tidegate.core.kafka import consume_ready, make_reader
-from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.settings import KafkaSettings, TopicSettings
 from tidegate.lifecycle.domain.events import RecordedEvent
 from tidegate.lifecycle.domain.routing import RoutingTable
 from tidegate.lifecycle.domain.state import ModelState, apply
 from tidegate.lifecycle.eventstore.event_codec import LifecycleCodec
+from tidegate.schemas.codec import Registry, registry_client
 
 __all__ = ["FeedStats", "LifecycleFeed", "Listener"]
 
@@ -76,17 +76,13 @@ class LifecycleFeed:
         self,
         kafka: KafkaSettings,
         topics: TopicSettings,
-        registry: SchemaRegistrySettings | SchemaRegistryClient,
+        registry: Registry,
         *,
         name: str,
         poll_s: float = 0.1,
         timeout_s: float = 10.0,
     ) -> None:
-        client = (
-            registry
-            if isinstance(registry, SchemaRegistryClient)
-            else SchemaRegistryClient(registry.client_config())
-        )
+        client = registry_client(registry)
         self.name = name
         self.topic = topics.lifecycle
         self._kafka = kafka

@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from tests.integration.registry_clients import registry_clients_made
 from tests.integration.workers import (
     SIGNATURE,
     Reader,
@@ -77,14 +78,7 @@ async def test_a_worker_process_makes_one_schema_registry_client(
     CPU to make, at every start and restart."""
     publish(stack, [request("one-client", "k")])
     results = Reader(stack, stack.topics.results)
-    made: list[SchemaRegistryClient] = []
-    original = SchemaRegistryClient.__init__
-
-    def counted(self: SchemaRegistryClient, *args: Any, **kwargs: Any) -> None:
-        made.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(SchemaRegistryClient, "__init__", counted)
+    made = registry_clients_made(monkeypatch)
     config = WorkerConfig(
         worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0),
         kafka=stack.kafka,

@@ -177,10 +177,8 @@ def delivered(service: str) -> float:
 
 
 @pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> SchemaRegistryClient:
-    client = MockSchemaRegistryClient({"url": f"mock://{unique('audit')}"})
-    monkeypatch.setattr(audit, "SchemaRegistryClient", lambda _conf: client)
-    return client
+def registry() -> SchemaRegistryClient:
+    return MockSchemaRegistryClient({"url": f"mock://{unique('audit')}"})
 
 
 @pytest.fixture
@@ -194,7 +192,9 @@ def producer(monkeypatch: pytest.MonkeyPatch) -> FakeProducer:
 def trail(registry: SchemaRegistryClient, producer: FakeProducer) -> Iterator[KafkaAuditTrail]:
     topics = TopicSettings(audit="al")
     registry.register_schema(f"{topics.audit}-value", Schema(SCHEMA.text, "AVRO"))
-    made = KafkaAuditTrail(topics=topics, service=unique("svc"), clock=lambda: AT)
+    made = KafkaAuditTrail(
+        topics=topics, registry=registry, service=unique("svc"), clock=lambda: AT
+    )
     made.start()
     yield made
     made.close()
@@ -272,7 +272,7 @@ def test_close_flushes_and_a_closed_trail_only_counts(
 def test_start_fails_when_the_audit_subject_is_not_registered(
     registry: SchemaRegistryClient, producer: FakeProducer
 ) -> None:
-    trail = KafkaAuditTrail(topics=TopicSettings(audit=unique("none")))
+    trail = KafkaAuditTrail(topics=TopicSettings(audit=unique("none")), registry=registry)
     with pytest.raises((SubjectNotFoundError, SchemaNotFoundError)):
         trail.start()
     trail.close()
