@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -30,7 +29,7 @@ from tests.integration.workers import (
     store_classifier,
     tidegate,
 )
-from tests.support import free_port, unique
+from tests.support import WaitTimeoutError, free_port, unique, wait_for
 from tidegate.clients.producer import TidegateProducer
 from tidegate.core.kafka import make_admin
 from tidegate.core.pools import pool_topic_names
@@ -98,20 +97,21 @@ def total(
     )
 
 
-def settled(
-    port: int, deadline_s: float = 10.0
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The worker's metrics once its loaded versions fit the budget again, or at the deadline.
+def settled(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The worker's metrics once its loaded versions fit the budget again (at most 10 s).
 
     A version a request took in the last quarter second is never evicted, so the last loads of
     the traffic may hold a worker over its budget until they go idle and it evicts again."""
-    until = time.monotonic() + deadline_s
-    while True:
+
+    def within() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
         samples = scrape(port)
         loaded = total(samples, "tidegate_worker_loaded_bytes")
-        if loaded <= 0.95 * BUDGET_MIB * 2**20 or time.monotonic() > until:
-            return samples
-        time.sleep(0.1)
+        return samples if loaded <= 0.95 * BUDGET_MIB * 2**20 else None
+
+    try:
+        return wait_for(within, timeout=10.0, what="loaded versions back within the budget")
+    except WaitTimeoutError:
+        return scrape(port)  # the assertions say by how much
 
 
 async def test_three_pools_serve_sixty_versions_each_worker_within_its_budget(

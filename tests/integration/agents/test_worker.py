@@ -79,15 +79,7 @@ async def test_a_worker_process_makes_one_schema_registry_client(
     publish(stack, [request("one-client", "k")])
     results = Reader(stack, stack.topics.results)
     made = registry_clients_made(monkeypatch)
-    config = WorkerConfig(
-        worker=WorkerSettings(group_id=stack.group, worker_id="it", metrics_port=0),
-        kafka=stack.kafka,
-        topics=stack.topics,
-        models=models,
-        registry=stack.registry,
-        postgres=stack.pg,
-    )
-    async with running_worker(config) as running_one:
+    async with running(stack, models, relay=False) as running_one:
         [result] = await in_thread(results.until, 1)
         assert running_one.breakers is not None
         assert len(running_one.lanes) == 2
