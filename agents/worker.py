@@ -221,9 +221,9 @@ class InferenceWorker:
             pipeline.close()
         self._pipelines.clear()
         await self._batcher.stop()
-        left = await asyncio.to_thread(self._publisher.flush, 10.0)
         if self._reports is not None:
-            self._reports.stop()
+            self._reports.stop()  # the flush serves the last reports, on its own thread
+        left = await asyncio.to_thread(self._publisher.flush, 10.0)
         if left:
             log.warning("%d messages not acknowledged at shutdown", left)
         await cancel_and_wait(self._tasks)
