@@ -174,10 +174,16 @@ class ExecutorRuntime(ModelRuntime):
         executor, self._executor = self._executor, None
         if executor is None:
             return
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._release)
-        finally:
+            await loop.run_in_executor(executor, self._release)
+        except BaseException:
             executor.shutdown(wait=False)
+            raise
+        # The thread holds its last call, and through it this runtime, until it takes the next
+        # item: the unload returns once it has exited, so the version is freed by then (a frozen
+        # heap frees it by reference counting alone, `tidegate.core.heap`).
+        await loop.run_in_executor(None, executor.shutdown, True)
 
     async def _call(self, function: Any, *args: Any) -> Any:
         if self._executor is None:

@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import thread as futures_thread
 from pathlib import Path
 from typing import Any
 
@@ -207,13 +208,22 @@ async def test_onnx_torchscript_and_export_agree(store: LocalArtifactStore) -> N
 
 @pytest.mark.parametrize("version", ["onnx", "torch", "pt2"])
 async def test_a_version_loaded_before_the_heap_is_frozen_is_freed_when_unloaded(
-    store: LocalArtifactStore, version: str
+    store: LocalArtifactStore, version: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A worker freezes its heap with its start-up versions loaded (`tidegate.core.heap.settle`):
     # the cyclic collector never walks those objects again, so unloading one of them must free
     # it by reference counting alone, or its memory stays for the life of the process.
     runtime = await load_package(store, "tiny", version, SETTINGS)
     await runtime.infer({"x": BATCH})
+    # A busy host can leave the runtime's thread descheduled right after a call, still holding
+    # it (and the runtime) after the caller was answered: here it always is.
+    run = futures_thread._WorkItem.run
+
+    def run_then_stall(item: Any) -> None:
+        run(item)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(futures_thread._WorkItem, "run", run_then_stall)
     gc.collect()
     gc.freeze()
     try:
