@@ -21,6 +21,8 @@ KAFKA_TIMEOUT=${TIDEGATE_STACK_KAFKA_TIMEOUT:-90}
 # Extra server.properties lines for every node (key=value, one per line), after the template's, so
 # they win: e.g. a test's shorter broker.session.timeout.ms.
 KAFKA_CONFIG=${TIDEGATE_STACK_KAFKA_CONFIG:-}
+# Extra JVM options for every node (space-separated), after the defaults, so they win.
+read -r -a KAFKA_JVM_OPTS <<<"${TIDEGATE_STACK_KAFKA_JVM_OPTS:-}"
 # Matches /proc/PID/cmdline of our broker (see `ours` in lib.sh).
 KAFKA_WORD=kafka.Kafka
 
@@ -40,10 +42,14 @@ kafka_node() {
 
 # kafka_jvm DIR: sets KAFKA_JVM, the command line shared by the storage tool and the broker of the
 # node in DIR; log4j2 writes to DIR/logs.
+# TieredStopAtLevel=1: the C1 compiler only (decision 030). On this stack's small hosts C2 spent
+# a quarter of a core recompiling the broker for minutes after every start, and the request
+# threads cost the same with C1's code.
 kafka_jvm() {
   KAFKA_JVM=(
     java -Xms128m "-Xmx$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
-    -Djava.awt.headless=true
+    -XX:TieredStopAtLevel=1
+    -Djava.awt.headless=true "${KAFKA_JVM_OPTS[@]}"
     "-Dlog4j2.configurationFile=$STACK_INFRA/kafka/log4j2.properties"
     "-Dkafka.logs.dir=$1/logs"
     -cp "$KAFKA_LIB/*"

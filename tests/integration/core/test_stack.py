@@ -36,6 +36,7 @@ from tidegate.core.settings import (
 REPO = Path(__file__).resolve().parents[3]
 MAIN_VAR = Path(os.environ.get("TIDEGATE_STACK_VAR", REPO / "var"))
 ALL_SERVERS = ("kafka", "registry", "postgres", "redis")
+JVM_MARK = "-Dtidegate.stack.test=second"
 
 
 def services(env: dict[str, str] | os._Environ[str]) -> list[str]:
@@ -113,6 +114,16 @@ def test_postgres_has_the_tidegate_database_and_migrations() -> None:
         assert int(version[0]) >= 1
 
 
+def command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_the_broker_compiles_with_c1_only() -> None:
+    # C2 recompiled the broker for minutes after each start, a quarter of a core (decision 030).
+    broker = pids(MAIN_VAR)["kafka"]
+    assert "-XX:TieredStopAtLevel=1" in command_line(broker)
+
+
 def test_redis_pings() -> None:
     client = redis.Redis.from_url(RedisSettings().url, socket_timeout=5)
     try:
@@ -155,6 +166,7 @@ def second_stack() -> Iterator[tuple[dict[str, str], Path, dict[str, int]]]:
     extra = {
         "TIDEGATE_STACK_SERVICES": ",".join(servers),
         "TIDEGATE_STACK_KAFKA_HEAP": "512m",
+        "TIDEGATE_STACK_KAFKA_JVM_OPTS": f"{JVM_MARK} -XX:TieredStopAtLevel=4",
         "TIDEGATE_TOPICS_PARTITIONS": "4",
     }
     with own_stack("tidegate-stack-", extra) as own:
@@ -175,6 +187,10 @@ def test_a_second_stack_runs_beside_the_main_one(
     assert first.returncode == 0, first.stdout + first.stderr
     started = pids(var)
     assert set(started) == set(services(env)), first.stdout
+    # The extra JVM options come after the defaults, so the last C1/C2 choice is the caller's.
+    broker = command_line(started["kafka"])
+    assert JVM_MARK in broker
+    assert broker.index("-XX:TieredStopAtLevel=4") > broker.index("-XX:TieredStopAtLevel=1")
     assert not set(started.values()) & set(main_pids.values())
 
     again = stack("up", env)
