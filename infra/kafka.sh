@@ -41,14 +41,10 @@ kafka_node() {
 }
 
 # kafka_jvm DIR: sets KAFKA_JVM, the command line shared by the storage tool and the broker of the
-# node in DIR; log4j2 writes to DIR/logs.
-# TieredStopAtLevel=1: the C1 compiler only (decision 030). On this stack's small hosts C2 spent
-# a quarter of a core recompiling the broker for minutes after every start, and the request
-# threads cost the same with C1's code.
+# node in DIR; log4j2 writes to DIR/logs. The JIT stays HotSpot's tiered C1 and C2 (decision 030).
 kafka_jvm() {
   KAFKA_JVM=(
     java -Xms128m "-Xmx$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError
-    -XX:TieredStopAtLevel=1
     -Djava.awt.headless=true "${KAFKA_JVM_OPTS[@]}"
     "-Dlog4j2.configurationFile=$STACK_INFRA/kafka/log4j2.properties"
     "-Dkafka.logs.dir=$1/logs"
