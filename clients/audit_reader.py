@@ -25,13 +25,12 @@ from types import TracebackType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.errors import InvalidInputError, RetriableError, TidegateError
 from tidegate.core.kafka import make_reader
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.schemas.catalog import AUDIT_EVENT, load_schema
-from tidegate.schemas.codec import AvroDecoder
+from tidegate.schemas.codec import AvroDecoder, Registry, registry_client
 
 __all__ = ["AuditFilter", "AuditReader", "AuditUnavailableError"]
 
@@ -84,16 +83,12 @@ class AuditReader:
         self,
         kafka: KafkaSettings | None = None,
         topics: TopicSettings | None = None,
-        registry: SchemaRegistrySettings | SchemaRegistryClient | None = None,
+        registry: Registry | None = None,
         *,
         timeout_s: float = 10.0,
     ) -> None:
         self.topic = (topics or TopicSettings()).audit
-        client = (
-            registry
-            if isinstance(registry, SchemaRegistryClient)
-            else SchemaRegistryClient((registry or SchemaRegistrySettings()).client_config())
-        )
+        client = registry_client(registry or SchemaRegistrySettings())
         self._decoder = AvroDecoder(client, load_schema(AUDIT_EVENT))
         self._timeout_s = timeout_s
         self.skipped = 0

@@ -23,7 +23,6 @@ from types import TracebackType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tidegate.core.errors import (
     InvalidInputError,
@@ -32,10 +31,10 @@ from tidegate.core.errors import (
     UnknownSchemaError,
 )
 from tidegate.core.kafka import make_consumer
-from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
+from tidegate.core.settings import KafkaSettings, TopicSettings
 from tidegate.dlq.letters import Letter, LetterFilter, LetterStats
 from tidegate.schemas.catalog import DEAD_LETTER_ENVELOPE, INFERENCE_REQUEST, load_schema
-from tidegate.schemas.codec import AvroDecoder
+from tidegate.schemas.codec import AvroDecoder, Registry, registry_client
 from tidegate.schemas.wire import unpack
 
 __all__ = [
@@ -95,24 +94,18 @@ def dead_letter_topics(topics: TopicSettings, name: str | None) -> list[str]:
     )
 
 
-def _registry(registry: SchemaRegistrySettings | SchemaRegistryClient) -> SchemaRegistryClient:
-    if isinstance(registry, SchemaRegistryClient):
-        return registry
-    return SchemaRegistryClient(registry.client_config())
-
-
 class DeadLetterReader:
     """A blocking reader of dead-letter topics; the async helpers below run it on a thread."""
 
     def __init__(
         self,
         kafka: KafkaSettings,
-        registry: SchemaRegistrySettings | SchemaRegistryClient,
+        registry: Registry,
         *,
         group_id: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
-        client = _registry(registry)
+        client = registry_client(registry)
         self._envelopes = AvroDecoder(client, load_schema(DEAD_LETTER_ENVELOPE))
         self._requests = AvroDecoder(client, load_schema(INFERENCE_REQUEST))
         self._timeout_s = timeout_s
@@ -320,7 +313,7 @@ async def scan(
 
 async def list_letters(
     kafka: KafkaSettings,
-    registry: SchemaRegistrySettings | SchemaRegistryClient,
+    registry: Registry,
     topics: Iterable[str],
     letters: LetterFilter,
     *,
@@ -339,7 +332,7 @@ async def list_letters(
 
 async def letter_stats(
     kafka: KafkaSettings,
-    registry: SchemaRegistrySettings | SchemaRegistryClient,
+    registry: Registry,
     topics: Iterable[str],
     letters: LetterFilter,
 ) -> LetterStats:
@@ -359,7 +352,7 @@ async def letter_stats(
 
 async def find_letter(
     kafka: KafkaSettings,
-    registry: SchemaRegistrySettings | SchemaRegistryClient,
+    registry: Registry,
     topic: str,
     partition: int,
     offset: int,

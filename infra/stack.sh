@@ -14,7 +14,8 @@
 # TIDEGATE_STACK_REGISTRY_PORT, TIDEGATE_STACK_SERVICES (default kafka,registry,postgres,redis),
 # TIDEGATE_STACK_{KAFKA,PG,REDIS,REGISTRY}_TIMEOUT, TIDEGATE_STACK_STOP_TIMEOUT,
 # TIDEGATE_STACK_KAFKA_HEAP (default 1g), TIDEGATE_STACK_KAFKA_CONFIG (extra server.properties
-# lines), TIDEGATE_STACK_KAFKA_JVM_OPTS (extra JVM options). `prometheus` in TIDEGATE_STACK_SERVICES (`make observe`) adds a local Prometheus
+# lines), TIDEGATE_STACK_KAFKA_JVM_OPTS (extra JVM options). `prometheus` in
+# TIDEGATE_STACK_SERVICES (`make observe`) adds a local Prometheus
 # (TIDEGATE_STACK_PROMETHEUS_{PORT,TARGETS,SCRAPE}, infra/prometheus.sh).
 set -euo pipefail
 
