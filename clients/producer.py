@@ -306,9 +306,12 @@ class TidegateProducer:
         on_delivery: DeliveryCallback | None = None,
         headers: KafkaHeaders | None = None,
         lane: Lane | None = None,
+        *,
+        poll: bool = True,
     ) -> None:
         """Enqueue a ready `InferenceRequest` record on `lane` (default: the client's); a record
-        that does not encode raises."""
+        that does not encode raises. `poll`: serve due delivery reports after it (False where a
+        thread of the caller's serves them)."""
         producer, encoder = self._running()
         request_id = str(record["request_id"])
         lane = lane or self.lane
@@ -371,7 +374,8 @@ class TidegateProducer:
                 if span is not None:
                     span.end()
                 raise
-        producer.poll(0)
+        if poll:
+            producer.poll(0)
 
     def _produce(
         self,

@@ -1,6 +1,7 @@
-"""Publishing requests from the event loop (`KafkaRequestPublisher`): `submit` encodes and enqueues
-at once and hands back the broker's acknowledgement as a future. It refuses at once while no
-broker is reachable, a record over the Kafka limit, and a lane whose topic is missing.
+"""Publishing requests from the event loop (`KafkaRequestPublisher`): `submit` holds a request for
+the publish window and hands back the broker's acknowledgement as a future. It refuses at once
+while no broker is reachable and a lane whose topic is missing; a record over the Kafka limit, or
+one that does not encode, fails its own acknowledgement when the window is flushed.
 Health and limits: docs/deadlines-and-faults.md ("Kafka down: 503 at once, recovery on its own",
 "Large payloads"); why it encodes on the loop: docs/decisions/009-gateway-hot-path.md ("Decision").
 """
@@ -13,6 +14,7 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -24,6 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
 
 from tidegate.clients.pool_moves import MoveGuard, Warm
 from tidegate.clients.producer import (
+    DeliveryCallback,
     Lane,
     Placement,
     PublishError,
@@ -54,6 +57,14 @@ _log = logging.getLogger(__name__)
 Ack = asyncio.Future[None]
 """Done when the broker has the request; failed with `PublishError` when it did not take it."""
 Failed = Callable[[Exception], None]
+
+# What librdkafka lingers after a window's flush, so that the requests it enqueues one by one
+# leave in one ProduceRequest.
+_FLUSH_LINGER_MS = 2.0
+
+
+def _flush_linger_ms(settings: GatewaySettings) -> float:
+    return min(settings.publish_linger_ms, _FLUSH_LINGER_MS)
 
 
 class Delivery:
@@ -106,17 +117,17 @@ def producer_options(settings: GatewaySettings, limit: int) -> dict[str, Any]:
         # librdkafka reconnects with a backoff growing to 10 s: after an outage the gateway
         # would refuse calls that long after the brokers are back.
         "reconnect.backoff.max.ms": 1000,
-        # Calls without a routing key share a sticky partition: lingering lets a few share one
-        # ProduceRequest (decision 019).
-        "linger.ms": settings.publish_linger_ms,
+        # The publish window holds requests for most of `publish_linger_ms` (decision 019):
+        # librdkafka lingers only for the enqueueing of one window's requests.
+        "linger.ms": _flush_linger_ms(settings),
     }
 
 
 class RequestPublisher(ABC):
     @abstractmethod
     def submit(self, record: RequestRecord, lane: Lane = "realtime") -> Ack:
-        """Enqueue the request on `lane` now (on the loop); a record that cannot be enqueued
-        raises."""
+        """Publish the request on `lane` (called on the loop). What is refused before anything is
+        held raises; a record that then cannot be enqueued fails the returned future."""
 
     async def publish(self, record: RequestRecord, lane: Lane = "realtime") -> None:
         """Return once the broker has the request; `PublishError` if it does not take it."""
@@ -161,6 +172,17 @@ class RequestPublisher(ABC):
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A request in the publish window, with what its call hears: the delivery report (on the
+    producer's thread) or the refusal to enqueue it (on the loop)."""
+
+    record: RequestRecord
+    lane: Lane
+    settle: DeliveryCallback
+    refused: Failed
+
+
 class KafkaRequestPublisher(RequestPublisher):
     def __init__(
         self,
@@ -191,6 +213,9 @@ class KafkaRequestPublisher(RequestPublisher):
         self._stopping = threading.Event()
         self._poller: threading.Thread | None = None
         self._connected = False
+        self._window_s = self._settings.publish_linger_ms / 1000.0
+        self._held: list[_Held] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
         # Why a batch-lane call is refused; None while that lane is served.
         self._no_batch: str | None = "the publisher is not started"
 
@@ -295,6 +320,7 @@ class KafkaRequestPublisher(RequestPublisher):
             producer.poll(0.05)
 
     async def stop(self) -> None:
+        self._flush()
         self._stopping.set()
         if self._poller is not None:
             await asyncio.to_thread(self._poller.join)
@@ -310,18 +336,22 @@ class KafkaRequestPublisher(RequestPublisher):
             raise PublishError(f"Kafka did not say which topics it has: {exc}") from exc
 
     def submit(self, record: RequestRecord, lane: Lane = "realtime") -> Ack:
-        producer = self._ready(lane)
+        self._ready(lane)
         loop = asyncio.get_running_loop()
         acked: Ack = loop.create_future()
 
         def settle(_request_id: str, error: Exception | None) -> None:
             loop.call_soon_threadsafe(self._resolve, acked, error)
 
-        producer.publish_record(record, on_delivery=settle, lane=lane)
+        def refused(error: Exception) -> None:
+            if not acked.done():
+                acked.set_exception(error)
+
+        self._hold(_Held(record, lane, settle, refused))
         return acked
 
     def send(self, record: RequestRecord, lane: Lane, on_failure: Failed) -> Delivery:
-        producer = self._ready(lane)
+        self._ready(lane)
         loop = asyncio.get_running_loop()
         delivery = Delivery()
 
@@ -334,8 +364,41 @@ class KafkaRequestPublisher(RequestPublisher):
             else:
                 loop.call_soon_threadsafe(self._failed, delivery, on_failure, error)
 
-        producer.publish_record(record, on_delivery=settle, lane=lane)
+        def refused(error: Exception) -> None:
+            delivery.error = error
+            on_failure(error)
+
+        self._hold(_Held(record, lane, settle, refused))
         return delivery
+
+    def _hold(self, held: _Held) -> None:
+        self._held.append(held)
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self._window_s, self._flush)
+
+    def _flush(self) -> None:
+        """Encode and enqueue the window's requests in one pass, in the order they came: run
+        back to back, the encoder and the producer's code stay in the CPU's caches, where one
+        request every few milliseconds found them cold (docs/benchmarks.md, "The publish
+        window")."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        held, self._held = self._held, []
+        if not held:
+            return
+        producer = self._producer
+        for request in held:
+            if producer is None:
+                request.refused(PublishError("the gateway's publisher is stopped"))
+                continue
+            try:
+                # The polling thread serves the delivery reports.
+                producer.publish_record(
+                    request.record, on_delivery=request.settle, lane=request.lane, poll=False
+                )
+            except Exception as exc:
+                request.refused(exc)
 
     def _ready(self, lane: Lane) -> TidegateProducer:
         self.check()

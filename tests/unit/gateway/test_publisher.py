@@ -1,11 +1,12 @@
-"""The gateway's publisher without a broker: the record size limit, and how it learns that Kafka
-is unreachable and back (readiness, and the 503 at once)."""
+"""The gateway's publisher without a broker: the record size limit, how it learns that Kafka
+is unreachable and back (readiness, and the 503 at once), and the publish window."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
+import time
 from typing import Any, cast
 
 import pytest
@@ -22,8 +23,13 @@ from tidegate.gateway.roundtrip.request_publisher import (
 from tidegate.schemas.records import RequestRecord
 
 
-def publisher() -> KafkaRequestPublisher:
-    return KafkaRequestPublisher(KafkaSettings(), TopicSettings(), SchemaRegistrySettings())
+def publisher(linger_ms: float = 20.0) -> KafkaRequestPublisher:
+    return KafkaRequestPublisher(
+        KafkaSettings(),
+        TopicSettings(),
+        SchemaRegistrySettings(),
+        gateway=GatewaySettings(publish_linger_ms=linger_ms),
+    )
 
 
 def request(request_id: str) -> RequestRecord:
@@ -108,24 +114,103 @@ def test_a_record_over_the_limit_is_refused_before_it_is_enqueued(size: int, ref
     assert "2000 bytes" in str(exc.value)
 
 
-def test_the_producer_lingers_as_configured() -> None:
-    """Keyless calls share a sticky partition; the linger is what lets a few of them share one
-    ProduceRequest (decision 019): 20 ms unless configured otherwise."""
-    assert producer_options(GatewaySettings(), 1000)["linger.ms"] == 20.0
-    options = producer_options(GatewaySettings(publish_linger_ms=3, publish_timeout_s=2), 5000)
-    assert options["linger.ms"] == 3
+def test_librdkafka_lingers_only_for_a_windows_enqueueing() -> None:
+    """The publish window holds requests for `publish_linger_ms` (decision 019); librdkafka
+    lingers 2 ms more, so that one window's requests, enqueued one by one, share a
+    ProduceRequest, and not at all when no linger is asked for."""
+    assert producer_options(GatewaySettings(), 1000)["linger.ms"] == 2.0
+    assert producer_options(GatewaySettings(publish_linger_ms=0), 1000)["linger.ms"] == 0
+    options = producer_options(GatewaySettings(publish_linger_ms=1, publish_timeout_s=2), 5000)
+    assert options["linger.ms"] == 1
     assert options["message.timeout.ms"] == 2000
     assert options["batch.size"] == options["message.max.bytes"] == 5000
 
 
 class _Producer:
-    """Takes `publish_record` calls; each one's delivery report is sent by the test."""
+    """Takes `publish_record` calls; each one's delivery report is sent by the test. A record
+    whose id starts with "big" is refused as over the limit, as the real producer refuses it."""
 
     def __init__(self) -> None:
         self.reports: list[Any] = []
+        self.enqueued: list[tuple[str, float, bool]] = []  # request id, when, whether it polled
+        self.stopped = False
 
-    def publish_record(self, record: Any, on_delivery: Any, lane: Any = None) -> None:
+    def publish_record(
+        self, record: Any, on_delivery: Any, lane: Any = None, *, poll: bool = True
+    ) -> None:
+        if record["request_id"].startswith("big"):
+            raise RecordTooLargeError(2_000, 1_000)
+        self.enqueued.append((record["request_id"], time.monotonic(), poll))
         self.reports.append(on_delivery)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def started(linger_ms: float = 20.0) -> tuple[KafkaRequestPublisher, _Producer]:
+    pub = publisher(linger_ms)
+    producer = _Producer()
+    pub._producer = producer  # type: ignore[assignment]
+    pub._connected = True
+    return pub, producer
+
+
+async def flushed(producer: _Producer, count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(producer.enqueued) < count:
+        assert time.monotonic() < deadline, f"{producer.enqueued} after {timeout_s}s"
+        await asyncio.sleep(0.005)
+
+
+async def test_one_windows_requests_are_enqueued_together_once_it_ends() -> None:
+    """A request waits out the window, then all that came meanwhile are encoded and enqueued
+    in one pass, in their order, without a poll each (the polling thread serves reports)."""
+    pub, producer = started(linger_ms=100)
+    failures: list[Exception] = []
+    began = time.monotonic()
+    pub.send(request("a"), "realtime", failures.append)
+    acked = pub.submit(request("b"))
+    pub.send(request("c"), "realtime", failures.append)
+    await asyncio.sleep(0)
+    assert producer.enqueued == [], "held for the window"
+    await flushed(producer, 3)
+    assert [rid for rid, _, _ in producer.enqueued] == ["a", "b", "c"]
+    times = [at for _, at, _ in producer.enqueued]
+    assert times[0] - began >= 0.09, "not before the window ends"
+    assert times[-1] - times[0] < 0.05, "in one pass"
+    assert not any(polled for _, _, polled in producer.enqueued)
+    assert not acked.done()
+    assert failures == []
+    pub.send(request("d"), "realtime", failures.append)
+    await flushed(producer, 4)
+    assert producer.enqueued[3][1] - times[-1] >= 0.09, "the next window starts with its request"
+
+
+async def test_a_request_refused_at_the_flush_fails_its_own_call_alone() -> None:
+    """A record over the limit fails only its call, with the same error (a 413) that the call
+    would have had at once, and says nothing about Kafka's health."""
+    pub, producer = started(linger_ms=5)
+    failures: list[Exception] = []
+    ok = pub.send(request("ok-1"), "realtime", failures.append)
+    big = pub.send(request("big-1"), "realtime", failures.append)
+    big_ack = pub.submit(request("big-2"))
+    pub.send(request("ok-2"), "realtime", failures.append)
+    await flushed(producer, 2)
+    assert [rid for rid, _, _ in producer.enqueued] == ["ok-1", "ok-2"]
+    assert isinstance(big.error, RecordTooLargeError)
+    assert failures == [big.error]
+    with pytest.raises(RecordTooLargeError):
+        await big_ack
+    assert ok.error is None
+    assert pub.connected
+
+
+async def test_stop_enqueues_what_the_window_holds_before_the_producer_stops() -> None:
+    pub, producer = started(linger_ms=1000)
+    pub.send(request("a"), "realtime", lambda _error: None)
+    await pub.stop()
+    assert [rid for rid, _, _ in producer.enqueued] == ["a"]
+    assert producer.stopped
 
 
 def on_thread(report: Any, *args: Any) -> None:
@@ -135,13 +220,11 @@ def on_thread(report: Any, *args: Any) -> None:
 
 
 async def test_an_acknowledged_send_wakes_nothing_and_a_failed_one_ends_its_call() -> None:
-    pub = publisher()
-    producer = _Producer()
-    pub._producer = producer  # type: ignore[assignment]
-    pub._connected = True
+    pub, producer = started(linger_ms=1)
     failures: list[Exception] = []
     ok = pub.send(request("a"), "realtime", failures.append)
     bad = pub.send(request("b"), "realtime", failures.append)
+    await flushed(producer, 2)
     loop = asyncio.get_running_loop()
     woken: list[object] = []
     threadsafe = loop.call_soon_threadsafe
