@@ -360,6 +360,7 @@ class InferenceWorker:
                 if tracer is not None:
                     consumed(tracer, msg, slot.task)
                 submit(slot.task.model, slot)
+        metrics.QUEUE_WAITS.flush()
         self._sink.flush()  # the poison pills' dead letters
         return bool(rewind)
 

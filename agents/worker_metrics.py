@@ -6,7 +6,8 @@ Model load time is `tidegate_model_load_seconds`, observed by the runtime loader
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -28,6 +29,7 @@ __all__ = [
     "MODEL_TIMEOUTS",
     "POOL_INFO",
     "QUEUE",
+    "QUEUE_WAITS",
     "REPLIES_UNDELIVERED",
     "REQUESTS",
     "RETRIES",
@@ -36,9 +38,11 @@ __all__ = [
     "SUB_BATCH_SIZE",
     "TRANSACTION_ABORTS",
     "TRANSACTION_COMMIT",
+    "Observations",
     "PrometheusBatchObserver",
     "compute",
     "end_to_end",
+    "observe_all",
     "requests",
     "sub_batch_size",
 ]
@@ -166,13 +170,55 @@ DEAD_LETTERS = Counter(
 )
 
 
+def observe_all(histogram: Histogram, amounts: Iterable[float]) -> None:
+    """What `histogram.observe` of each amount records, with one lock taken per bucket it
+    touches and one for the sum, where each observation takes two and scans the bounds in Python.
+    prometheus-client has no call for many amounts; a batch's requests each have one, three
+    times on the worker's path (docs/benchmarks.md, "A batch's observations together")."""
+    bounds: list[float] = histogram._upper_bounds
+    counts: dict[int, int] = {}
+    total = 0.0
+    for amount in amounts:
+        # observe() counts an amount in the first bucket whose bound is >= it.
+        index = bisect_left(bounds, amount)
+        counts[index] = counts.get(index, 0) + 1
+        total += amount
+    if not counts:
+        return
+    histogram._sum.inc(total)
+    buckets = histogram._buckets
+    for index, count in counts.items():
+        buckets[index].inc(count)
+
+
+class Observations:
+    """Amounts gathered for one histogram over a batch, observed together by `flush`."""
+
+    __slots__ = ("amounts", "histogram")
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self.amounts: list[float] = []
+
+    def add(self, amount: float) -> None:
+        self.amounts.append(amount)
+
+    def flush(self) -> None:
+        if self.amounts:
+            amounts, self.amounts = self.amounts, []
+            observe_all(self.histogram, amounts)
+
+
+QUEUE_WAITS = Observations(QUEUE)
+"""Each consumed request's Kafka time, observed once per poll (`InferenceWorker._ingest`)."""
+
+
 class PrometheusBatchObserver:
     """Records each partition batch's size and each member's wait."""
 
     def observe_batch(self, size: int, waits_ms: Sequence[float]) -> None:
         BATCH_SIZE.observe(size)
-        for wait in waits_ms:
-            BATCH_WAIT.observe(wait / 1000.0)
+        observe_all(BATCH_WAIT, [wait / 1000.0 for wait in waits_ms])
 
 
 # Labelled children are looked up once: `labels()` costs more than the observation itself.

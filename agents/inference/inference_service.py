@@ -353,15 +353,18 @@ class InferenceService:
     def _observe(self, results: list[ResultRecord]) -> None:
         """The batch's metrics: one increment per (model, version, status) it holds."""
         counts: dict[tuple[str, str, str], int] = {}
+        seconds: dict[str, list[float]] = {}
         for result in results:
             model, version = result["model"], result["model_version"]
             if version is None and self.tables.table(model) is None:
                 model = "_unknown"  # names from requests must not grow the label set unbounded
             label: tuple[str, str, str] = (model, version or "", result["status"])
             counts[label] = counts.get(label, 0) + 1
-            metrics.end_to_end(model).observe(result["timings"]["total_ms"] / 1000.0)
+            seconds.setdefault(model, []).append(result["timings"]["total_ms"] / 1000.0)
         for label, count in counts.items():
             metrics.requests(*label).inc(count)
+        for model, amounts in seconds.items():
+            metrics.observe_all(metrics.end_to_end(model), amounts)
 
 
 def _member(

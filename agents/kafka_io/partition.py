@@ -89,7 +89,7 @@ class PartitionPipeline:
         if task is None:
             self.tracker.done(offset)
             return None
-        metrics.QUEUE.observe(task.queue_ms / 1000.0)
+        metrics.QUEUE_WAITS.add(task.queue_ms / 1000.0)
         if self._holds is not None and self._held(msg, offset, task):
             return None
         slot = Slot(self, msg, offset, task)

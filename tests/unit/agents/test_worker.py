@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from prometheus_client import REGISTRY
 
 from tests.support import eventually, unique
 from tests.unit.agents import delivery_support as delivery
@@ -127,6 +128,22 @@ async def test_one_batch_mixes_the_requests_of_many_partitions_and_each_keeps_it
         assert publisher.published(partition) == [rid(partition, 0), rid(partition, 1)]
     publisher.ack_all()
     await until(lambda: consumer.committed() == {p: 2 for p in range(4)})
+
+
+async def test_each_polls_kafka_times_are_observed_once_the_poll_is_handed_out(
+    harness: Harness,
+) -> None:
+    def observed() -> float:
+        return REGISTRY.get_sample_value("tidegate_worker_queue_seconds_count") or 0.0
+
+    before = observed()
+    consumer = FakeConsumer(unique("requests"))
+    for partition in range(3):
+        consumer.append(partition, 2)
+    await harness.start(consumer, max_batch_size=32)
+    await rebalanced(consumer, "assign", 0, 1, 2)
+    await until(lambda: len(harness.publisher.results) == 6)
+    assert observed() - before == 6
 
 
 @pytest.mark.slow  # librdkafka's mock cluster holds the first join for seconds
