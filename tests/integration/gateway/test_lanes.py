@@ -8,12 +8,11 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from confluent_kafka import TopicPartition
 
 from tests.integration.fakes import register_subjects
-from tests.support import unique, wait_for
+from tests.integration.gateway.topic_reader import records_on
+from tests.support import unique
 from tidegate.clients.producer import PublishError
-from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.gateway.roundtrip.request_publisher import KafkaRequestPublisher
 from tidegate.schemas.catalog import INFERENCE_REQUEST
@@ -28,19 +27,7 @@ def record(request_id: str) -> RequestRecord:
 
 
 def keys_on(kafka: KafkaSettings, topic: str, count: int) -> list[bytes | None]:
-    consumer = make_consumer(kafka, unique("it-lane-reader"))
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    keys: list[bytes | None] = []
-
-    def read() -> bool:
-        keys.extend(m.key() for m in consumer.consume(100, 0.2) if not m.error())
-        return len(keys) >= count
-
-    try:
-        wait_for(read, timeout=30, what=f"{count} records on {topic}")
-    finally:
-        consumer.close()
-    return keys
+    return [key for key, _ in records_on(kafka, topic, count)]
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from confluent_kafka import TopicPartition
 
 from tests.integration.fakes import register_subjects
-from tests.support import unique, wait_for
+from tests.integration.gateway.topic_reader import records_on
 from tidegate.clients.producer import RecordTooLargeError
-from tidegate.core.kafka import make_consumer
 from tidegate.core.settings import KafkaSettings, SchemaRegistrySettings, TopicSettings
 from tidegate.gateway.gateway_settings import GatewaySettings
 from tidegate.gateway.roundtrip.request_publisher import KafkaRequestPublisher
@@ -27,25 +25,6 @@ LIMIT = 20_000
 def record(request_id: str, columns: int = 4) -> RequestRecord:
     features = np.zeros((1, columns), dtype=np.float32)
     return build_request("fraud", {"features": features}, request_id=request_id)
-
-
-def published(kafka: KafkaSettings, topic: str, count: int) -> list[tuple[bytes | None, int]]:
-    """The keys on the topic's one partition, with their offsets."""
-    consumer = make_consumer(kafka, unique("it-window-reader"))
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    found: list[tuple[bytes | None, int]] = []
-
-    def read() -> bool:
-        found.extend(
-            (m.key(), m.offset() or 0) for m in consumer.consume(100, 0.2) if not m.error()
-        )
-        return len(found) >= count
-
-    try:
-        wait_for(read, timeout=30, what=f"{count} records on {topic}")
-    finally:
-        consumer.close()
-    return found
 
 
 async def test_a_windows_requests_go_in_order_and_a_too_large_one_fails_alone(
@@ -73,6 +52,6 @@ async def test_a_windows_requests_go_in_order_and_a_too_large_one_fails_alone(
         assert publisher.connected, "a refused record says nothing about Kafka's health"
     finally:
         await publisher.stop()
-    (key_1, offset_1), (key_2, offset_2) = published(kafka_settings, topics.requests, 2)
+    (key_1, offset_1), (key_2, offset_2) = records_on(kafka_settings, topics.requests, 2)
     assert (key_1, key_2) == (b"w-1", b"w-2")
     assert offset_2 == offset_1 + 1
