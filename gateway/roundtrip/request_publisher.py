@@ -385,27 +385,26 @@ class KafkaRequestPublisher(RequestPublisher):
             self._flush_timer.cancel()
             self._flush_timer = None
         held, self._held = self._held, []
-        if not held:
-            return
         producer = self._producer
-        for request in held:
-            if producer is None:
+        if producer is None:
+            for request in held:
                 request.refused(PublishError("the gateway's publisher is stopped"))
-                continue
+            return
+        for request in held:
             try:
                 # The polling thread serves the delivery reports.
                 producer.publish_record(
                     request.record, on_delivery=request.settle, lane=request.lane, poll=False
                 )
-            except Exception as exc:
+            except Exception as exc:  # one record's refusal (a 413, a 400) is its call's alone
                 request.refused(exc)
 
-    def _ready(self, lane: Lane) -> TidegateProducer:
+    def _ready(self, lane: Lane) -> None:
+        """Raise now what would refuse a request on `lane`, before it is held."""
         self.check()
-        producer = self._running()
+        self._running()
         if lane == "batch" and self._no_batch is not None:
             raise PublishError(self._no_batch)
-        return producer
 
     def _failed(self, delivery: Delivery, on_failure: Failed, error: Exception) -> None:
         self._note(error)
