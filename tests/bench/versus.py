@@ -16,7 +16,10 @@ HTTP load comes from vegeta for both HTTP contenders (`TIDEGATE_BENCH_HTTP_GENER
 Python generator), Kafka load from the Python generators. One contender runs at a time. A rate is
 sustained while p99 <= 100 ms with nothing lost or failed; a sweep stops at the first rate that
 misses. The JSON generator's ceiling against a bare relay is
-measured first: a peer sustained at that ceiling is limited by the generator, not by itself. CPU per
+measured first: a peer sustained at that ceiling is limited by the generator, not by itself. Then
+tidegate's Kafka path runs uncounted at-least-once, then exactly-once,
+`TIDEGATE_BENCH_BROKER_WARM_S` (30) seconds each, so that no round meets a request path the
+broker's JIT has not compiled yet (docs/benchmarks.md, "Exactly-once on a cold broker"). CPU per
 request is counted per process (from /proc): the contender's own and, for every contender that
 goes through Kafka, the broker's (with its KRaft controller: one process here), and for tidegate
 also PostgreSQL's, Redis's and the registry's; the load generator alone is left out. Each step
@@ -56,6 +59,10 @@ RATES = [250, 500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
 ROUNDS = int(os.environ.get("TIDEGATE_BENCH_ROUNDS", "2"))
 RUN_DIR = Path("var/bench")
 WARM_S = 2.0
+# The broker's JIT compiles a request path in the first minute it serves it (decision 030): a
+# sweep whose first steps meet an uncompiled path measures the compiler, not the contender.
+BROKER_WARM_S = float(os.environ.get("TIDEGATE_BENCH_BROKER_WARM_S", "30"))
+BROKER_WARM_RATE = 500.0
 
 CpuReaders = dict[str, Callable[[], float]]
 
@@ -291,10 +298,12 @@ def measure_tidegate() -> dict[str, Sweep]:
     return {"tidegate kafka": kafka, "tidegate http": http}
 
 
+EXACTLY_ONCE = {"TIDEGATE_WORKER_DELIVERY": "exactly-once"}
+
+
 def measure_tidegate_exactly_once() -> dict[str, Sweep]:
     stop_recorded(RUN_DIR)
-    env = {"TIDEGATE_WORKER_DELIVERY": "exactly-once"}
-    with controller() as ctl, tidegate_workers(env) as workers:
+    with controller() as ctl, tidegate_workers(EXACTLY_ONCE) as workers:
         return {"tidegate kafka eos": kafka_sweep("tidegate kafka eos", tidegate_cpu(workers, ctl))}
 
 
@@ -370,6 +379,28 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+def warm_broker() -> None:
+    """Before round 1, uncounted: tidegate's Kafka path at-least-once, then exactly-once, at
+    `BROKER_WARM_RATE` for `BROKER_WARM_S` each. The peers' paths (produce, fetch, commit) are
+    the at-least-once path's; only tidegate exactly-once uses the transactional requests."""
+    if BROKER_WARM_S <= 0 or all(name == "mlserver" for name, _ in CONTENDERS):
+        return
+    for label, env in (("at-least-once", {}), ("exactly-once", EXACTLY_ONCE)):
+        stop_recorded(RUN_DIR)
+        with controller(), tidegate_workers(env):
+            load = KafkaLoad()
+            load.start(lambda i: fraud_record(i, unique("warm")))
+            with load:
+                result = load.run(
+                    "broker warm-up",
+                    lambda i: fraud_record(i, unique("bw")),
+                    rate=BROKER_WARM_RATE,
+                    count=int(BROKER_WARM_RATE * BROKER_WARM_S),
+                )
+        p99 = result.p(0.99)
+        print(f"  {label:<14} {BROKER_WARM_S:g} s at {BROKER_WARM_RATE:g}/s, p99 {p99:.1f} ms")
+
+
 def run() -> None:
     if any(name in ("tidegate", "mlserver") for name, _ in CONTENDERS):
         shown = "vegeta" if uses_vegeta() else "the Python generator"
@@ -382,6 +413,8 @@ def run() -> None:
     )
     print(f"  ceiling {ceiling.rate:,.0f}/s")
     serve_examples()
+    print("\nversus: the broker's warm-up (uncounted)")
+    warm_broker()
     rounds: list[dict[str, Sweep]] = []
     for k in range(ROUNDS):
         order = CONTENDERS if k % 2 == 0 else CONTENDERS[::-1]
