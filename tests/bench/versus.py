@@ -383,9 +383,13 @@ def warm_broker() -> None:
     """Before round 1, uncounted: tidegate's Kafka path at-least-once, then exactly-once, at
     `BROKER_WARM_RATE` for `BROKER_WARM_S` each. The peers' paths (produce, fetch, commit) are
     the at-least-once path's; only tidegate exactly-once uses the transactional requests."""
-    if BROKER_WARM_S <= 0 or all(name == "mlserver" for name, _ in CONTENDERS):
+    names = {name for name, _ in CONTENDERS}
+    if BROKER_WARM_S <= 0 or names <= {"mlserver"}:
         return
-    for label, env in (("at-least-once", {}), ("exactly-once", EXACTLY_ONCE)):
+    phases: list[tuple[str, dict[str, str]]] = [("at-least-once", {})]
+    if "tidegate exactly-once" in names:
+        phases.append(("exactly-once", EXACTLY_ONCE))
+    for label, env in phases:
         stop_recorded(RUN_DIR)
         with controller(), tidegate_workers(env):
             load = KafkaLoad()
