@@ -48,8 +48,9 @@ class WorkerSettings(BaseSettings):
         ge=0,
         le=1000,
         description="While requests arrive faster than they are read (a poll found more than "
-        "one), how long it keeps collecting, in milliseconds (0: never): larger batches and less "
-        "CPU per request under load; a lone request goes at once.",
+        "one), how long it keeps collecting, in milliseconds (0: never), counted from when the "
+        "previous batch went to the model for a request already waiting: larger batches and "
+        "less CPU per request under load; a lone request goes at once.",
     )
     fetch_idle_ms: float = Field(
         2.0,

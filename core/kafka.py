@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -274,12 +275,17 @@ def make_admin(settings: KafkaSettings, extra: Mapping[str, Any] | None = None) 
     return AdminClient(admin_config(settings, extra))
 
 
+# A poll answered this soon found its message already queued, not one that arrived meanwhile.
+_QUEUED_S = 0.001
+
+
 def consume_ready(
     consumer: Consumer,
     max_messages: int,
     timeout: float,
     window: float = 0.0,
     idle: float | None = None,
+    since: float | None = None,
 ) -> list[Message]:
     """Wait up to `timeout` for one message and take whatever else is already there; when that
     was more than one, messages are arriving faster than they are read: collect more for up to
@@ -289,16 +295,36 @@ def consume_ready(
     timeout to the latency of every message on a quiet topic; the window opens only under load.
     `idle` closes it early after a burst (one producer batch read at once), which would
     otherwise wait out the whole window for messages that are not coming.
+
+    `since` (`time.monotonic()`) is when the caller took its previous batch. A message already
+    queued when the poll starts may have waited from then, so the window counts from `since`:
+    a caller that spent the whole window on the last batch takes what is queued at once.
     """
+    polled = time.monotonic()
     first = consumer.poll(timeout)
     if first is None:
         return []
+    if since is not None and window > 0:
+        now = time.monotonic()
+        if now - polled < _QUEUED_S:
+            window -= now - since
     if max_messages <= 1:
         return [first]
     rest = consumer.consume(num_messages=max_messages - 1, timeout=0)
     room = max_messages - 1 - len(rest)
     if window <= 0 or not rest or room <= 0:
         return [first, *rest]
+    if idle is not None and idle < window:
+        # A burst read at once (one producer's batch) is followed by nothing: go after `idle`.
+        more = consumer.consume(num_messages=room, timeout=idle)
+        if not more:
+            return [first, *rest]
+        rest.extend(more)
+        room -= len(more)
+        window -= idle
+    if room > 0:
+        rest.extend(consumer.consume(num_messages=room, timeout=window))
+    return [first, *rest]
     if idle is not None and idle < window:
         # A burst read at once (one producer's batch) is followed by nothing: go after `idle`.
         more = consumer.consume(num_messages=room, timeout=idle)

@@ -48,6 +48,7 @@ class ConsumerCycle:
         self._idle = fetch_idle_s
         self._lag_at = 0.0
         self._metadata_at = 0.0
+        self._handed = 0.0  # when the last batch went to the worker
 
     def stale_metadata(self) -> None:
         self._metadata_at = 0.0
@@ -77,11 +78,14 @@ class ConsumerCycle:
         if now - self._lag_at >= _LAG_EVERY_S:
             self._lag_at = now
             self._refresh_lag()
-        batch = consume_ready(consumer, room, self._poll_timeout, self._window, self._idle)
+        batch = consume_ready(
+            consumer, room, self._poll_timeout, self._window, self._idle, since=self._handed
+        )
         # After the poll: a rebalance it ran is already in the generation read here.
         if self._want_metadata and time.monotonic() - self._metadata_at >= _METADATA_EVERY_S:
             self._metadata_at = time.monotonic()
             self.group_metadata = consumer.consumer_group_metadata()
+        self._handed = time.monotonic()
         return batch
 
     def close(self, commits: list[TopicPartition]) -> None:

@@ -1,8 +1,11 @@
 """The worker's fetch window against the real broker: a burst read at once goes after the idle
-slice, not the whole window; without the idle close the same burst waits the window out."""
+slice, not the whole window; without the idle close the same burst waits the window out. A
+message already queued when the poll starts has waited since the caller's last batch, and the
+window counts from then."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -45,4 +48,49 @@ def test_a_burst_goes_after_the_idle_slice(burst: Consumer) -> None:
 def test_without_the_idle_close_a_burst_waits_the_window_out(burst: Consumer) -> None:
     count, took = timed(burst, window=1.0, idle=None)
     assert count == _BURST
+    assert took >= 0.95, f"the window closed after {took:.2f} s of 1 s"
+
+
+@pytest.fixture
+def trickle(kafka_settings: KafkaSettings, new_topic: Callable[..., str]) -> Iterator[Consumer]:
+    """A consumer with messages already queued, and one more arriving every 50 ms meanwhile."""
+    topic = new_topic("fetch-window-trickle")
+    producer = make_producer(kafka_settings)
+    for i in range(_BURST):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    consumer = make_consumer(kafka_settings, unique("fetch-window"))
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    assert consumer.poll(30) is not None
+    stop = threading.Event()
+
+    def produce() -> None:
+        while not stop.wait(0.05):
+            producer.produce(topic, value=b"more")
+            producer.poll(0)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    time.sleep(0.3)  # the rest of the burst is fetched into the consumer's queue
+    yield consumer
+    stop.set()
+    thread.join()
+    producer.flush(10)
+    consumer.close()
+
+
+def test_the_window_counts_from_the_last_batch_for_a_queued_message(trickle: Consumer) -> None:
+    # The caller took its last batch 0.6 s ago: what is queued has waited that long already.
+    started = time.monotonic()
+    taken = consume_ready(trickle, 500, 30.0, 1.0, None, since=started - 0.6)
+    took = time.monotonic() - started
+    assert len(taken) > _BURST - 1, "the window collected nothing more"
+    assert 0.25 <= took <= 0.75, f"the window closed after {took:.2f} s, not 1 - 0.6 s"
+
+
+def test_without_the_last_batch_time_a_queued_message_waits_the_whole_window(
+    trickle: Consumer,
+) -> None:
+    count, took = timed(trickle, window=1.0, idle=None)
+    assert count > _BURST - 1
     assert took >= 0.95, f"the window closed after {took:.2f} s of 1 s"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from confluent_kafka import TopicPartition
 from prometheus_client import REGISTRY
 
@@ -65,3 +68,29 @@ def test_pause_resume_seek_and_commit_reach_the_consumer() -> None:
     assert ("resume", [0]) in consumer.calls
     assert [m.offset() for m in taken] == [1, 2, 3, 4], "not read from the seek"
     assert consumer_cycle._LAG_EVERY_S > 0
+
+
+def test_the_fetch_window_counts_from_when_the_last_batch_went(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float | None] = []
+
+    def ready(*_args: object, since: float | None = None) -> list[object]:
+        seen.append(since)
+        return []
+
+    monkeypatch.setattr(consumer_cycle, "consume_ready", ready)
+    consumer = assigned(unique("requests"), 0)
+    cycle = ConsumerCycle(
+        consumer,  # type: ignore[arg-type]
+        poll_timeout_s=0.0,
+        group_metadata=False,
+        fetch_window_s=0.010,
+    )
+    before = time.monotonic()
+    cycle.run([], False, [], room=10)
+    after = time.monotonic()
+    cycle.run([], False, [], room=10)
+    handed = seen[1]
+    assert handed is not None
+    assert before <= handed <= after, "the window did not start from the previous hand-over"

@@ -3,6 +3,7 @@ fetch window only while messages arrive faster than they are read."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -110,3 +111,45 @@ def test_an_idle_at_or_past_the_window_leaves_the_window_whole() -> None:
         taken: list[str] = consume_ready(consumer, 500, 0.1, 0.010, idle)  # type: ignore[arg-type,assignment]
         assert taken == ["m0", "m1", "m2"]
         assert consumer.waits == [0.010], f"idle {idle}: the window was not one whole wait"
+
+
+class Slow(Recording):
+    """A consumer whose first message arrives `after` seconds into the poll."""
+
+    def __init__(self, after: float, ready: list[str], later: list[str]) -> None:
+        super().__init__("m0", ready, later)
+        self.after = after
+
+    def poll(self, timeout: float) -> str | None:
+        time.sleep(self.after)
+        return super().poll(timeout)
+
+
+def since_take(consumer: Recording, since: float) -> list[str]:
+    return consume_ready(consumer, 500, 0.1, 0.010, since=since)  # type: ignore[arg-type,return-value]
+
+
+def window_waited(consumer: Recording) -> float | None:
+    waits = [args[1] for call, args in consumer.calls if call == "consume" and args[1] > 0]
+    return waits[0] if waits else None
+
+
+def test_a_queued_message_waits_the_window_from_the_last_batch_not_from_the_poll() -> None:
+    consumer = Recording("m0", ["m1"], later=["m2"])
+    assert since_take(consumer, time.monotonic() - 0.004) == ["m0", "m1", "m2"]
+    waited = window_waited(consumer)
+    assert waited is not None
+    assert waited <= 0.0065, f"the window ran {waited * 1000:.1f} ms after 4 ms already waited"
+
+
+def test_a_caller_busy_past_the_window_takes_what_is_queued_at_once() -> None:
+    consumer = Recording("m0", ["m1"], later=["m2"])
+    assert since_take(consumer, time.monotonic() - 0.020) == ["m0", "m1"]
+    assert window_waited(consumer) is None, "a message that waited 20 ms waited for more"
+
+
+def test_a_message_the_poll_waited_for_gets_the_whole_window() -> None:
+    # It arrived during the poll, so it has waited for nothing before it.
+    consumer = Slow(0.005, ["m1"], later=["m2"])
+    assert since_take(consumer, time.monotonic() - 0.050) == ["m0", "m1", "m2"]
+    assert window_waited(consumer) == pytest.approx(0.010)
