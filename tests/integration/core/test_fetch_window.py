@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from tests.support import unique
 from tidegate.core.kafka import consume_ready, make_consumer, make_producer
@@ -19,16 +19,21 @@ from tidegate.core.settings import KafkaSettings
 _BURST = 5
 
 
-@pytest.fixture
-def burst(kafka_settings: KafkaSettings, new_topic: Callable[..., str]) -> Iterator[Consumer]:
-    """A consumer of a topic that holds one producer's burst, produced before it reads."""
-    topic = new_topic("fetch-window")
+def burst_read(kafka_settings: KafkaSettings, topic: str) -> tuple[Producer, Consumer]:
+    """A producer that sent one burst to `topic`, and a consumer of it from the start."""
     producer = make_producer(kafka_settings)
     for i in range(_BURST):
         producer.produce(topic, value=str(i).encode())
     assert producer.flush(30) == 0
     consumer = make_consumer(kafka_settings, unique("fetch-window"))
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    return producer, consumer
+
+
+@pytest.fixture
+def burst(kafka_settings: KafkaSettings, new_topic: Callable[..., str]) -> Iterator[Consumer]:
+    """A consumer of a topic that holds one producer's burst, produced before it reads."""
+    _, consumer = burst_read(kafka_settings, new_topic("fetch-window"))
     yield consumer
     consumer.close()
 
@@ -55,12 +60,8 @@ def test_without_the_idle_close_a_burst_waits_the_window_out(burst: Consumer) ->
 def trickle(kafka_settings: KafkaSettings, new_topic: Callable[..., str]) -> Iterator[Consumer]:
     """A consumer with messages already queued, and one more arriving every 50 ms meanwhile."""
     topic = new_topic("fetch-window-trickle")
-    producer = make_producer(kafka_settings)
-    for i in range(_BURST):
-        producer.produce(topic, value=str(i).encode())
-    assert producer.flush(30) == 0
-    consumer = make_consumer(kafka_settings, unique("fetch-window"))
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    producer, consumer = burst_read(kafka_settings, topic)
+    # The burst comes in one fetch: once its first message is read, the rest is queued.
     assert consumer.poll(30) is not None
     stop = threading.Event()
 
@@ -71,7 +72,6 @@ def trickle(kafka_settings: KafkaSettings, new_topic: Callable[..., str]) -> Ite
 
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
-    time.sleep(0.3)  # the rest of the burst is fetched into the consumer's queue
     yield consumer
     stop.set()
     thread.join()
