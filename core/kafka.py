@@ -325,14 +325,3 @@ def consume_ready(
     if room > 0:
         rest.extend(consumer.consume(num_messages=room, timeout=window))
     return [first, *rest]
-    if idle is not None and idle < window:
-        # A burst read at once (one producer's batch) is followed by nothing: go after `idle`.
-        more = consumer.consume(num_messages=room, timeout=idle)
-        if not more:
-            return [first, *rest]
-        rest.extend(more)
-        room -= len(more)
-        window -= idle
-    if room > 0:
-        rest.extend(consumer.consume(num_messages=room, timeout=window))
-    return [first, *rest]
