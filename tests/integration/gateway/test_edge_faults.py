@@ -184,6 +184,16 @@ def test_the_requests_topics_smaller_limit_is_the_gateways(
     entry = ConfigEntry("max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ResourceType.TOPIC, topics.requests, incremental_configs=[entry])
     admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    # The broker applies the change as it replays the cluster's metadata, a moment after the
+    # controller accepted it: the gateway reads the limit when it starts.
+    described = ConfigResource(ResourceType.TOPIC, topics.requests)
+    wait_for(
+        lambda: admin.describe_configs([described])[described]
+        .result(timeout=10)["max.message.bytes"]
+        .value
+        == "200000",
+        what="the topic's new max.message.bytes on the broker",
+    )
     server = gateway()
     body, headers = binary_call(16_384)  # 256 KiB: under 1 MB, over the topic's 200 kB
     resp = server.http.post(INFER, content=body, headers=headers)
