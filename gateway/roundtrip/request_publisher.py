@@ -63,10 +63,6 @@ Failed = Callable[[Exception], None]
 _FLUSH_LINGER_MS = 2.0
 
 
-def _flush_linger_ms(settings: GatewaySettings) -> float:
-    return min(settings.publish_linger_ms, _FLUSH_LINGER_MS)
-
-
 class Delivery:
     """A synchronous call's acknowledgement, kept off the event loop: `acked` turns true on the
     producer's thread once the broker has the request, which wakes nothing unless `on_ack` was
@@ -119,7 +115,7 @@ def producer_options(settings: GatewaySettings, limit: int) -> dict[str, Any]:
         "reconnect.backoff.max.ms": 1000,
         # The publish window holds requests for most of `publish_linger_ms` (decision 019):
         # librdkafka lingers only for the enqueueing of one window's requests.
-        "linger.ms": _flush_linger_ms(settings),
+        "linger.ms": min(settings.publish_linger_ms, _FLUSH_LINGER_MS),
     }
 
 
